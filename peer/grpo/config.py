@@ -1,0 +1,139 @@
+"""GRPO hyperparameters: how groups are sampled, how the loss is shaped, how staleness is handled.
+
+Each config is a frozen dataclass that checks itself on construction and round-trips through plain dicts
+(:meth:`to_dict` / :meth:`from_dict`), because the coordinator publishes them in the run manifest and every peer
+must read back exactly the values the run was started with. :meth:`from_dict` refuses keys it does not know: a
+manifest written by a newer version must fail loudly, not lose a setting. Each field's help text is in its
+``metadata["help"]`` (see :meth:`field_help`), for the command line and the docs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from peer.grpo.staleness import WEIGHTINGS
+
+_C = TypeVar("_C", bound="_DictConfig")
+
+
+class _DictConfig:
+    """Dict round-trip and field checks shared by the configs below (all fields are plain scalars)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict, ready for JSON or msgpack."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[_C], data: Mapping[str, Any]) -> _C:
+        """Build from a dict such as :meth:`to_dict` returns; missing keys take their defaults, unknown keys fail."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{cls.__name__}.from_dict expects a mapping, got {type(data).__name__}.")
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(str(key) for key in data if key not in known)
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no field(s) {unknown}; known fields are {sorted(known)}.")
+        return cls(**data)
+
+    @classmethod
+    def field_help(cls) -> dict[str, str]:
+        """Help text of each field, by name."""
+        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+    def _int(self, name: str, low: int, high: int | None = None) -> None:
+        value = getattr(self, name)
+        allowed = f"[{low}, {high}]" if high is not None else f">= {low}"
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{type(self).__name__}.{name} must be an int {allowed}, got {value!r}.")
+        if value < low or (high is not None and value > high):
+            raise ValueError(f"{type(self).__name__}.{name} must be in {allowed}, got {value}.")
+
+    def _float(self, name: str, allowed: str, ok: Callable[[float], bool]) -> None:
+        """Check a float field against ``ok``, whose range ``allowed`` spells out; ints are stored as floats."""
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{type(self).__name__}.{name} must be a finite number {allowed}, got {value!r}.")
+        object.__setattr__(self, name, float(value))
+        if not ok(float(value)):
+            raise ValueError(f"{type(self).__name__}.{name} must be {allowed}, got {value}.")
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class SamplingConfig(_DictConfig):
+    """How a rollout peer samples a GRPO group.
+
+    Sampling is plain temperature sampling (no top-k / top-p): the behaviour log-probs stored with a group are
+    then ``log_softmax(logits / temperature)``, which a learner can recompute from the tokens alone. A truncated
+    distribution would need the truncation replayed exactly, and a token outside it would have probability zero.
+    """
+
+    group_size: int = field(default=8, metadata=_help("G, completions sampled per prompt; advantages compare them"))
+    temperature: float = field(default=1.0, metadata=_help("softmax temperature for sampling and log-probs, > 0"))
+    max_new_tokens: int = field(default=6, metadata=_help("completion length cap in tokens; a longer one is cut"))
+
+    def __post_init__(self) -> None:
+        self._int("group_size", 2, 256)
+        self._float("temperature", "> 0", lambda v: v > 0)
+        self._int("max_new_tokens", 1, 4096)
+
+
+@dataclass(frozen=True)
+class LossConfig(_DictConfig):
+    """Shape of the clipped policy loss (see :func:`peer.grpo.loss.clipped_policy_loss`)."""
+
+    clip_eps_low: float = field(
+        default=0.2, metadata=_help("ratio is clipped below at 1 - clip_eps_low for negative advantages, in [0, 1)")
+    )
+    clip_eps_high: float = field(
+        default=0.2, metadata=_help("ratio is clipped above at 1 + clip_eps_high for positive advantages, >= 0")
+    )
+    kl_beta: float = field(
+        default=0.0, metadata=_help("weight of the k3 KL estimate to the base policy per token; 0 disables it")
+    )
+    adv_eps: float = field(default=1e-6, metadata=_help("advantages are (r - mean) / (std + adv_eps), > 0"))
+
+    def __post_init__(self) -> None:
+        self._float("clip_eps_low", "in [0, 1)", lambda v: 0 <= v < 1)
+        self._float("clip_eps_high", ">= 0", lambda v: v >= 0)
+        self._float("kl_beta", ">= 0", lambda v: v >= 0)
+        self._float("adv_eps", "> 0", lambda v: v > 0)
+
+
+@dataclass(frozen=True)
+class StalenessConfig(_DictConfig):
+    """Which stale groups a learner drops and how it weights the rest (see :mod:`peer.grpo.staleness`).
+
+    Only the knob of the chosen ``weighting`` matters: ``power`` for polynomial, ``decay`` for exponential,
+    ``knee`` for hinge; constant has none.
+    """
+
+    tau_max: int = field(default=4, metadata=_help("drop groups more than tau_max adapter versions behind, >= 0"))
+    weighting: str = field(
+        default="polynomial", metadata=_help(f"weight w(tau) of an accepted group, one of {sorted(WEIGHTINGS)}")
+    )
+    power: float = field(default=0.5, metadata=_help("polynomial: w = (1 + tau) ** -power, >= 0 (0 is constant)"))
+    decay: float = field(default=0.5, metadata=_help("exponential: w = decay ** tau, in (0, 1] (1 is constant)"))
+    knee: int = field(
+        default=1,
+        metadata=_help("hinge: w = 1 for tau <= knee, then linear to 0 at tau_max + 1; 0 <= knee <= tau_max"),
+    )
+
+    def __post_init__(self) -> None:
+        self._int("tau_max", 0, 1024)
+        if not isinstance(self.weighting, str) or self.weighting not in WEIGHTINGS:
+            raise ValueError(f"StalenessConfig.weighting must be one of {sorted(WEIGHTINGS)}, got {self.weighting!r}.")
+        self._float("power", ">= 0", lambda v: v >= 0)
+        self._float("decay", "in (0, 1]", lambda v: 0 < v <= 1)
+        self._int("knee", 0)
+        if self.weighting == "hinge" and self.knee > self.tau_max:
+            raise ValueError(
+                f"StalenessConfig.knee={self.knee} must be <= tau_max={self.tau_max} for the hinge weighting; "
+                "lower knee or raise tau_max."
+            )

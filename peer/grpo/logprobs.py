@@ -1,0 +1,158 @@
+"""Per-token log-probabilities of sampled completions, computed the same way at sampling and at learning.
+
+The clipped loss compares the learner's log-prob of each completion token with the *behaviour* log-prob the
+rollout peer recorded when it sampled that token, and the learner spot-checks those recorded values. Both only
+make sense if the two sides compute the same number for the same adapter, so this module fixes one layout and
+one formula.
+
+Batch layout (the one the rest of the project uses)::
+
+    prompt_ids      [B, P]  int   prompts, LEFT-padded (as batched generate() needs)
+    prompt_mask     [B, P]  0/1   1 on real prompt tokens: zeros then ones in every row
+    completion_ids  [B, C]  int   sampled tokens, RIGHT-padded after the first eos (pad with any vocab id)
+    -> logprobs     [B, C]  float32, logprobs[b, j] = log p(completion_ids[b, j] | prompt b, completion_ids[b, :j])
+    completion_mask(completion_ids, eos_id) [B, C] bool: which of those positions are real completion tokens
+
+The formula is ``log_softmax(logits / temperature)`` at the sampled token: plain temperature sampling, with
+nothing truncated (see :class:`~peer.grpo.config.SamplingConfig`).
+
+Position ids matter. With left padding a row's first real token is not at index 0, and HuggingFace
+``generate()`` gives it position 0 anyway, counting positions over real tokens only. A forward pass over the
+concatenated sequence passes the same ``position_ids = cumsum(attention_mask) - 1``. Rotary embeddings only see
+relative positions, so Llama-style models come out close even without it; a model with learned absolute
+positions (GPT-2 style) would see every padded row shifted and its log-probs would not match the recorded ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+CausalLM = Callable[..., Any]
+"""A HuggingFace-style causal LM: ``model(input_ids=, attention_mask=, position_ids=).logits`` is [B, L, V]."""
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log_softmax(logits.float() / temperature)`` gathered at ``tokens``: logits [..., V], tokens [...] -> [...].
+
+    Uses ``logit[token] - logsumexp(logits)`` so the full [..., V] log-softmax is never materialized.
+    The result is float32 whatever the dtype of ``logits``.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}.")
+    if logits.dim() < 1 or logits.shape[:-1] != tokens.shape:
+        raise ValueError(
+            f"logits [..., V] and tokens [...] must agree on leading dims, got {tuple(logits.shape)} and "
+            f"{tuple(tokens.shape)}."
+        )
+    if tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens must be an integer tensor, got dtype {tokens.dtype}.")
+    scaled = logits.float() / temperature
+    picked = scaled.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(scaled, dim=-1)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``(attention_mask.cumsum(-1) - 1).clamp(min=0)``: the positions ``generate()`` gives left-padded rows."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def completion_mask(completion_ids: torch.Tensor, eos_id: int | Sequence[int]) -> torch.Tensor:
+    """Which completion positions count: everything up to and including the first eos, bool [B, C].
+
+    ``eos_id`` may be several ids (many chat models stop on more than one). A row without eos was cut at
+    ``max_new_tokens`` and counts in full. Positions after the first eos are padding.
+    """
+    if completion_ids.dim() != 2:
+        raise ValueError(f"completion_ids must have shape [B, C], got {tuple(completion_ids.shape)}.")
+    eos = torch.as_tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), device=completion_ids.device)
+    if eos.numel() == 0:
+        raise ValueError("eos_id must name at least one token id.")
+    is_eos = torch.isin(completion_ids, eos.to(completion_ids.dtype))
+    eos_before = is_eos.long().cumsum(-1) - is_eos.long()
+    return eos_before == 0
+
+
+def _check_prompt_layout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor) -> None:
+    if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
+        raise ValueError(
+            f"prompt_ids and prompt_mask must both have shape [B, P], got {tuple(prompt_ids.shape)} and "
+            f"{tuple(prompt_mask.shape)}."
+        )
+    if completion_ids.dim() != 2 or completion_ids.shape[0] != prompt_ids.shape[0]:
+        raise ValueError(
+            f"completion_ids must have shape [B, C] with B = {prompt_ids.shape[0]} as in prompt_ids, "
+            f"got {tuple(completion_ids.shape)}."
+        )
+    if prompt_ids.shape[1] < 1 or completion_ids.shape[1] < 1:
+        raise ValueError(
+            f"prompts and completions need at least one position each, got P={prompt_ids.shape[1]}, "
+            f"C={completion_ids.shape[1]}."
+        )
+    valid = prompt_mask.bool()
+    if not valid[:, -1].all() or (valid[:, :-1] & ~valid[:, 1:]).any():
+        raise ValueError(
+            "prompts must be left-padded (prompt_mask is zeros then ones in each row, ending in a real token); "
+            "tokenize with padding_side='left'."
+        )
+
+
+def completion_logprobs(
+    model: CausalLM,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    temperature: float,
+    *,
+    logits_to_keep: bool = False,
+) -> torch.Tensor:
+    """Log-prob of each completion token given its prompt and the completion before it: float32 [B, C].
+
+    One forward pass over ``prompt_ids ++ completion_ids`` with the attention mask ``prompt_mask ++ ones`` and
+    the position ids ``generate()`` uses, which reproduces the log-probs recorded at sampling. Tokens after a
+    row's first eos are fed too, but causal attention keeps them from touching earlier positions; mask their
+    log-probs out with :func:`completion_mask`.
+
+    ``logits_to_keep=True`` passes ``logits_to_keep=C + 1`` to the model (HuggingFace causal LMs accept it) so
+    the [B, P, V] prompt logits are never built; leave it off for a model that does not take that argument.
+    Gradients flow into the model's parameters unless the caller runs this under ``torch.no_grad()``.
+    """
+    _check_prompt_layout(prompt_ids, prompt_mask, completion_ids)
+    completion_len = completion_ids.shape[1]
+    attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids, dtype=prompt_mask.dtype)], dim=1)
+    kwargs: dict[str, Any] = {
+        "input_ids": torch.cat([prompt_ids, completion_ids.to(prompt_ids.dtype)], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids_from_mask(attention_mask),
+    }
+    if logits_to_keep:
+        kwargs["logits_to_keep"] = completion_len + 1
+    logits = model(**kwargs).logits
+    if logits.dim() != 3 or logits.shape[0] != prompt_ids.shape[0] or logits.shape[1] < completion_len + 1:
+        raise ValueError(
+            f"model returned logits of shape {tuple(logits.shape)}; expected [B={prompt_ids.shape[0]}, "
+            f">= {completion_len + 1}, V]."
+        )
+    # The logit at position t predicts token t + 1: the last prompt position predicts the first completion token.
+    return token_logprobs(logits[:, -(completion_len + 1) : -1], completion_ids, temperature)
+
+
+def sequence_logprobs(
+    model: CausalLM, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Log-prob of every token given the ones before it, for any padded layout: float32 [B, L - 1].
+
+    ``out[:, t]`` is ``log p(input_ids[:, t + 1] | input_ids[:, : t + 1])``; entries where the predicted token
+    is padding are meaningless. Prefer :func:`completion_logprobs` for the prompt + completion layout.
+    """
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape or input_ids.shape[1] < 2:
+        raise ValueError(
+            f"input_ids and attention_mask must both have shape [B, L] with L >= 2, got {tuple(input_ids.shape)} "
+            f"and {tuple(attention_mask.shape)}."
+        )
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+    ).logits
+    return token_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
