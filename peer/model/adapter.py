@@ -1,0 +1,141 @@
+"""LoRA adapters: attach, serialize to/from safetensors bytes with a sha256, and hot-swap in place.
+
+An adapter *version* travels as the safetensors bytes of its LoRA tensors (the same keys peft's
+``adapter_model.safetensors`` uses), named by their sha256. Loading a version copies the tensors into the
+existing LoRA parameters: no model rebuild, same storage, so an optimizer or a sampler holding the parameters
+keeps working. A blob is checked (hash, exact key set, shapes, finite values) before anything is copied, so a bad
+blob changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import PeftModel, get_peft_model
+from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from peer.errors import UserError
+from peer.model.config import LoRAConfig
+
+ADAPTER_FILE = "adapter_model.safetensors"
+METADATA_KEY = "hivegrpo.lora"
+
+
+class AdapterError(UserError, ValueError):
+    """An adapter blob that does not fit the model or does not hash to what was announced."""
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def attach_lora(model, config: LoRAConfig) -> PeftModel:
+    """Wrap the frozen base with a LoRA adapter whose initial weights depend only on ``config.init_seed``."""
+    peft_config = PeftLoraConfig(
+        r=config.r,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=list(config.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.init_seed)
+        peft_model = get_peft_model(model, peft_config)
+    for name, param in peft_model.named_parameters():
+        param.requires_grad_("lora_" in name)
+    return peft_model
+
+
+def lora_parameters(model: PeftModel) -> list[torch.nn.Parameter]:
+    return [p for n, p in model.named_parameters() if "lora_" in n]
+
+
+def adapter_state(model: PeftModel) -> dict[str, torch.Tensor]:
+    return get_peft_model_state_dict(model)
+
+
+def lora_config_of(model: PeftModel) -> LoRAConfig:
+    c = model.peft_config["default"]
+    return LoRAConfig(
+        r=c.r, alpha=c.lora_alpha, dropout=c.lora_dropout, target_modules=tuple(sorted(c.target_modules))
+    )
+
+
+def adapter_to_bytes(model: PeftModel) -> bytes:
+    """The adapter's tensors as safetensors bytes (fp32, CPU, deterministic for equal weights).
+
+    The LoRA shape (r, alpha, target modules) rides along as safetensors metadata so a file alone is enough to
+    rebuild the adapter on a fresh base (``hivegrpo eval --adapter FILE``).
+    """
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in sorted(adapter_state(model).items())}
+    lora = lora_config_of(model).to_dict()
+    lora.pop("init_seed")
+    return st_save(tensors, metadata={METADATA_KEY: json.dumps(lora, sort_keys=True)})
+
+
+def blob_lora_config(blob: bytes) -> LoRAConfig:
+    """The LoRA configuration an adapter blob was saved with (from its metadata)."""
+    try:
+        header_len = int.from_bytes(blob[:8], "little")
+        header = json.loads(blob[8 : 8 + header_len])
+        return LoRAConfig.from_dict(json.loads(header["__metadata__"][METADATA_KEY]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise AdapterError(
+            f"adapter file carries no readable LoRA configuration ({e}); save it with hivegrpo or pass a peft "
+            "adapter directory"
+        ) from e
+
+
+def parse_adapter(model: PeftModel, blob: bytes, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
+    """Decode and check a blob against ``model``'s adapter layout; raises AdapterError, changes nothing."""
+    if expected_sha256 is not None and sha256_hex(blob) != expected_sha256:
+        raise AdapterError(
+            f"adapter blob hashes to {sha256_hex(blob)[:12]}…, not the announced {expected_sha256[:12]}…; "
+            "it is corrupt or not the announced version: fetch it again from another provider"
+        )
+    try:
+        tensors = st_load(blob)
+    except Exception as e:  # safetensors raises several types on junk
+        raise AdapterError(f"adapter blob is not valid safetensors ({e}); fetch it again") from e
+    expected = {k: v.shape for k, v in adapter_state(model).items()}
+    if set(tensors) != set(expected):
+        missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+        raise AdapterError(
+            f"adapter does not fit this model (missing {missing[:3]}, unexpected {extra[:3]}): "
+            "it was made for another base model or LoRA configuration"
+        )
+    for key, shape in expected.items():
+        t = tensors[key]
+        if t.shape != shape:
+            raise AdapterError(f"adapter tensor {key} has shape {tuple(t.shape)}, the model needs {tuple(shape)}")
+        if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
+            raise AdapterError(f"adapter tensor {key} holds non-finite or non-float values; refusing to load it")
+    return tensors
+
+
+def load_adapter_bytes(model: PeftModel, blob: bytes, expected_sha256: str | None = None) -> str:
+    """Hot-swap the adapter weights in place from ``blob``; returns its sha256."""
+    tensors = parse_adapter(model, blob, expected_sha256)
+    before = {id(p) for p in lora_parameters(model)}
+    result = set_peft_model_state_dict(model, tensors)
+    if result.unexpected_keys:
+        raise AdapterError(f"peft did not place adapter keys {result.unexpected_keys[:3]}")
+    assert before == {id(p) for p in lora_parameters(model)}, "adapter load replaced parameters instead of copying"
+    return sha256_hex(blob)
+
+
+def read_adapter_file(path: str | Path) -> bytes:
+    """Bytes of an adapter file, or of ``adapter_model.safetensors`` inside a peft adapter directory."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / ADAPTER_FILE
+    if not path.is_file():
+        raise AdapterError(f"no adapter file at {path}: pass a .safetensors file or a peft adapter directory")
+    return path.read_bytes()

@@ -1,0 +1,71 @@
+"""Typed configuration of the base model and its LoRA adapter (both go into a run manifest)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+QUANTIZATIONS = ("nf4", "int8", "none")
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _from_dict(cls, data: dict):
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; allowed: {sorted(known)}")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = field(default="bundled", metadata={"help": "'bundled', a local directory, or a model hub id"})
+    quantization: str = field(default="nf4", metadata={"help": "base weights as nf4 or int8 (bitsandbytes), or none"})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, or auto (cuda when available)"})
+    revision: str | None = field(default=None, metadata={"help": "hub revision (ignored for local models)"})
+
+    def __post_init__(self):
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if not self.name:
+            raise ValueError("model name is empty: pass 'bundled', a local directory or a hub id")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelConfig:
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    r: int = field(default=8, metadata={"help": "LoRA rank"})
+    alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator (scale = alpha / r)"})
+    dropout: float = field(default=0.0, metadata={"help": "dropout on the LoRA input"})
+    target_modules: tuple[str, ...] = field(
+        default=DEFAULT_TARGET_MODULES, metadata={"help": "names of the linear layers that get an adapter"}
+    )
+    init_seed: int = field(default=0, metadata={"help": "seed of the adapter's initial weights (version 0)"})
+
+    def __post_init__(self):
+        if not 1 <= self.r <= 1024:
+            raise ValueError(f"LoRA r must be in 1..1024, got {self.r}")
+        if self.alpha <= 0:
+            raise ValueError(f"LoRA alpha must be positive, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ValueError("LoRA target_modules is empty: name at least one linear layer, e.g. q_proj")
+        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["target_modules"] = list(self.target_modules)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LoRAConfig:
+        return _from_dict(cls, data)

@@ -1,0 +1,76 @@
+"""Greedy exact match on a task's held-out set: the one number every result in this project is judged by."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from peer.model.sampling import greedy_texts
+from peer.tasks import Task
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    exact_match: float
+    n: int
+    correct: int
+    seed: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def exact_match(
+    model,
+    tokenizer,
+    task: Task,
+    *,
+    n: int = 500,
+    seed: int = 0,
+    max_new_tokens: int = 6,
+    batch_size: int = 250,
+    device: torch.device | None = None,
+) -> EvalResult:
+    """Fraction of ``task.heldout(n, seed)`` answered exactly right by greedy decoding."""
+    device = device or next(model.parameters()).device
+    examples = task.heldout(n, seed)
+    was_training = model.training
+    model.eval()
+    start = time.perf_counter()
+    correct = 0
+    try:
+        for i in range(0, len(examples), batch_size):
+            chunk = examples[i : i + batch_size]
+            texts = greedy_texts(
+                model, tokenizer, [e.prompt for e in chunk], max_new_tokens=max_new_tokens, device=device
+            )
+            correct += sum(task.is_correct(t, e) for t, e in zip(texts, chunk, strict=True))
+    finally:
+        model.train(was_training)
+    return EvalResult(correct / len(examples), len(examples), correct, seed, time.perf_counter() - start)
+
+
+def evaluate_model(model_config, task, adapter_path=None, *, n: int, seed: int, max_new_tokens: int) -> dict:
+    """Load the base (and an adapter file), score it on ``task``; the dict ``hivegrpo eval --json`` prints."""
+    from peer.model.adapter import attach_lora, blob_lora_config, load_adapter_bytes, read_adapter_file
+    from peer.model.loading import load_base
+
+    base = load_base(model_config)
+    model, adapter_sha = base.model, None
+    if adapter_path is not None:
+        blob = read_adapter_file(adapter_path)
+        model = attach_lora(model, blob_lora_config(blob))
+        adapter_sha = load_adapter_bytes(model, blob)
+        model.requires_grad_(False)
+    result = exact_match(model, base.tokenizer, task, n=n, seed=seed, max_new_tokens=max_new_tokens)
+    return {
+        **result.to_dict(),
+        "model": model_config.name,
+        "quantization": model_config.quantization,
+        "task": task.spec()["name"],
+        "adapter": str(adapter_path) if adapter_path else None,
+        "adapter_sha256": adapter_sha,
+    }

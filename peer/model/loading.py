@@ -1,0 +1,134 @@
+"""Loading the base model: ``bundled``, a local directory, or a hub id; quantized nf4/int8 or full precision.
+
+Every peer of a run loads the same base the same way (the run manifest names it), freezes it, and trains or
+samples only LoRA adapters on top. Two bitsandbytes facts shape this module (see docs/architecture.md):
+
+* On CPUs with AVX512-BF16, the first no-grad forward of a ``Linear4bit`` repacks its weight for inference,
+  irreversibly, after which LoRA gradients through it are silently lost. :func:`disable_cpu_weight_repacking`
+  switches that path off on every 4-bit layer before any forward; it is applied unconditionally.
+* 8-bit matmuls on CPU warn on every call; that one warning is filtered.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from peer.errors import UserError
+from peer.log import get_logger
+from peer.model.config import ModelConfig
+
+logger = get_logger(__name__)
+
+BUNDLED = "bundled"
+
+
+class ModelLoadError(UserError, RuntimeError):
+    """The base model could not be found or loaded; the message says what to check."""
+
+
+@dataclass
+class LoadedBase:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    source: str  # the directory or hub id it came from
+    device: torch.device
+    quantization: str
+
+
+def bundled_path() -> Path:
+    """Directory of the tiny base model shipped inside the package."""
+    return Path(str(resources.files("peer.model") / "bundled"))
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto")
+    return torch.device(device)
+
+
+def resolve_source(name: str) -> str:
+    """Map ``bundled`` to the packaged directory; keep local directories and hub ids as they are."""
+    if name == BUNDLED:
+        path = bundled_path()
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"the bundled model is missing from {path}; reinstall hivegrpo")
+        return str(path)
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} exists but holds no config.json: point --model at a model directory")
+        return str(path)
+    if name.startswith(("/", "./", "../", "~")):
+        raise ModelLoadError(f"no model directory at {path}: check the path, or pass 'bundled' or a hub id")
+    return name  # a hub id, resolved by transformers (and its cache) at load time
+
+
+def _quantization_config(quantization: str, device: torch.device):
+    if quantization == "none":
+        return None
+    try:
+        import bitsandbytes  # noqa: F401
+        from transformers import BitsAndBytesConfig
+    except ImportError as e:  # pragma: no cover - bitsandbytes is a dependency
+        raise ModelLoadError(f"bitsandbytes is not importable ({e}); install it or use --quantization none") from e
+    if quantization == "nf4":
+        compute = torch.bfloat16 if device.type == "cuda" else torch.float32
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute)
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def disable_cpu_weight_repacking(model: torch.nn.Module) -> int:
+    """Turn off bitsandbytes' irreversible AVX512-BF16 inference repacking on every 4-bit layer; returns count."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:  # pragma: no cover
+        return 0
+    count = 0
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+            count += 1
+    return count
+
+
+def load_tokenizer(source: str, revision: str | None = None) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # batched generation continues every prompt from its last token
+    return tokenizer
+
+
+def load_base(config: ModelConfig) -> LoadedBase:
+    """Load the frozen base model and its tokenizer as ``config`` says."""
+    device = resolve_device(config.device)
+    source = resolve_source(config.name)
+    quant = _quantization_config(config.quantization, device)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    device_map = {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}
+    revision = None if Path(source).exists() else config.revision
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*MatMul8bitLt.*")
+            model = AutoModelForCausalLM.from_pretrained(
+                source, revision=revision, quantization_config=quant, dtype=dtype, device_map=device_map
+            )
+        tokenizer = load_tokenizer(source, revision)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(
+            f"could not load model {config.name!r}: {e}. Pass 'bundled', a local model directory, or a hub id "
+            "this machine can download (check the network and the id's spelling)"
+        ) from e
+    disable_cpu_weight_repacking(model)
+    model.requires_grad_(False)
+    model.eval()
+    logger.info("loaded %s (%s, %s)", config.name, config.quantization, device)
+    return LoadedBase(model, tokenizer, source, device, config.quantization)

@@ -1,0 +1,191 @@
+"""The base model and adapters: bundled model, nf4/int8 quantization, LoRA gradients, hot-swap, sampling."""
+
+import pytest
+import torch
+
+from peer.grpo import completion_logprobs
+from peer.model.adapter import (
+    AdapterError,
+    adapter_to_bytes,
+    attach_lora,
+    blob_lora_config,
+    load_adapter_bytes,
+    lora_parameters,
+    sha256_hex,
+)
+from peer.model.config import LoRAConfig, ModelConfig
+from peer.model.loading import ModelLoadError, load_base
+from peer.model.sampling import encode_prompts, sample_groups
+
+PROMPTS = ["123+456=", "007+045=", "999+999=", "500+250="]
+
+
+def _base(quantization):
+    return load_base(ModelConfig(name="bundled", quantization=quantization, device="cpu"))
+
+
+def _lora_model(quantization, seed=0):
+    base = _base(quantization)
+    return attach_lora(base.model, LoRAConfig(init_seed=seed)), base.tokenizer
+
+
+def _make_lora_nonzero(model, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in lora_parameters(model):
+            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+def _sft_loss(model, tokenizer):
+    ids, mask = encode_prompts(tokenizer, [p + "0000" for p in PROMPTS], torch.device("cpu"))
+    return model(input_ids=ids, attention_mask=mask, labels=ids).loss
+
+
+def _lora_grads(model, tokenizer):
+    model.zero_grad(set_to_none=True)
+    model.train()
+    _sft_loss(model, tokenizer).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+def test_bundled_is_the_documented_tiny_llama():
+    base = _base("none")
+    cfg = base.model.config
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (128, 512, 3, 4)
+    assert cfg.tie_word_embeddings and len(base.tokenizer) == cfg.vocab_size == 16
+    assert 0.7e6 < sum(p.numel() for p in base.model.parameters()) < 0.85e6
+    tokens = base.tokenizer.convert_ids_to_tokens(base.tokenizer("12+3=")["input_ids"])
+    assert tokens == ["<bos>", "1", "2", "+", "3", "="]
+
+
+@pytest.mark.parametrize("quantization", ["nf4", "int8"])
+def test_quantized_base_is_really_quantized(quantization):
+    import bitsandbytes as bnb
+
+    base = _base(quantization)
+    layer_type = bnb.nn.Linear4bit if quantization == "nf4" else bnb.nn.Linear8bitLt
+    layers = [m for m in base.model.modules() if isinstance(m, layer_type)]
+    assert len(layers) == 3 * 7  # every attention and MLP projection
+    assert not any(p.requires_grad for p in base.model.parameters())
+
+
+@pytest.mark.parametrize("quantization", ["nf4", "int8", "none"])
+def test_generate_then_train_changes_lora_only(quantization):
+    model, tokenizer = _lora_model(quantization)
+    batch = sample_groups(
+        model, tokenizer, PROMPTS, group_size=4, max_new_tokens=6, temperature=1.0, device=torch.device("cpu")
+    )
+    assert batch.completion_ids.shape[0] == 16 and batch.completion_mask.any()
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    lora_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    optimizer = torch.optim.AdamW(lora_parameters(model), lr=1e-2)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model.train()
+        _sft_loss(model, tokenizer).backward()
+        optimizer.step()
+    after = dict(model.named_parameters())
+    assert all(torch.equal(after[n], v) for n, v in base_before.items()), "a base weight changed"
+    assert all(not torch.equal(after[n], v) for n, v in lora_before.items()), "a LoRA weight did not change"
+
+
+@pytest.mark.parametrize("quantization", ["nf4", "int8"])
+def test_lora_gradients_after_generate_equal_a_fresh_model(quantization):
+    fresh, tokenizer = _lora_model(quantization)
+    used, _ = _lora_model(quantization)
+    _make_lora_nonzero(fresh)
+    _make_lora_nonzero(used)
+    used.eval()
+    with torch.no_grad():  # the inference path that, unchecked, repacks 4-bit weights for good
+        sample_groups(
+            used, tokenizer, PROMPTS, group_size=2, max_new_tokens=6, temperature=1.0, device=torch.device("cpu")
+        )
+        used(**tokenizer(PROMPTS, return_tensors="pt", padding=True))
+    g_fresh, g_used = _lora_grads(fresh, tokenizer), _lora_grads(used, tokenizer)
+    assert set(g_fresh) == set(g_used) and len(g_fresh) == 3 * 7 * 2
+    for name in g_fresh:
+        assert g_fresh[name].abs().sum() > 0, name
+        torch.testing.assert_close(g_used[name], g_fresh[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_adapter_bytes_round_trip_hot_swap_in_place():
+    src, tokenizer = _lora_model("nf4")
+    _make_lora_nonzero(src, seed=3)
+    blob = adapter_to_bytes(src)
+    assert adapter_to_bytes(src) == blob, "serialization is not deterministic"
+    assert blob_lora_config(blob).r == 8
+    dst, _ = _lora_model("nf4")
+    storage = [p.data_ptr() for p in lora_parameters(dst)]
+    assert load_adapter_bytes(dst, blob, expected_sha256=sha256_hex(blob)) == sha256_hex(blob)
+    assert storage == [p.data_ptr() for p in lora_parameters(dst)], "hot-swap must not reallocate parameters"
+    ids = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    src.eval()
+    dst.eval()
+    with torch.no_grad():
+        assert torch.equal(src(**ids).logits, dst(**ids).logits)
+    assert adapter_to_bytes(dst) == blob
+
+
+def test_bad_adapter_blobs_are_refused_and_change_nothing():
+    model, _ = _lora_model("none")
+    _make_lora_nonzero(model, seed=5)
+    good = adapter_to_bytes(model)
+    before = adapter_to_bytes(model)
+    other = attach_lora(_base("none").model, LoRAConfig(r=4))
+    wrong_shape = adapter_to_bytes(other)
+    flipped = bytearray(good)
+    flipped[-10] ^= 0xFF
+    with pytest.raises(AdapterError, match="hashes to"):
+        load_adapter_bytes(model, bytes(flipped), expected_sha256=sha256_hex(good))
+    with pytest.raises(AdapterError, match="not valid safetensors"):
+        load_adapter_bytes(model, good[: len(good) // 2])
+    with pytest.raises(AdapterError, match="shape"):
+        load_adapter_bytes(model, wrong_shape)
+    nan_model, _ = _lora_model("none")
+    with torch.no_grad():
+        lora_parameters(nan_model)[0].fill_(float("nan"))
+    with pytest.raises(AdapterError, match="non-finite"):
+        load_adapter_bytes(model, adapter_to_bytes(nan_model))
+    assert adapter_to_bytes(model) == before
+
+
+@pytest.mark.parametrize("quantization", ["nf4", "none"])
+def test_behaviour_logprobs_match_recomputation(quantization):
+    model, tokenizer = _lora_model(quantization)
+    _make_lora_nonzero(model, seed=7)
+    model.eval()
+    prompts = ["1+2=", "123+456=", "55+5="]  # different lengths: left padding
+    gen = torch.Generator().manual_seed(0)
+    batch = sample_groups(
+        model,
+        tokenizer,
+        prompts,
+        group_size=4,
+        max_new_tokens=6,
+        temperature=0.7,
+        device=torch.device("cpu"),
+        generator=gen,
+    )
+    with torch.no_grad():
+        recomputed = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, 0.7)
+    mask = batch.completion_mask
+    torch.testing.assert_close(recomputed[mask], batch.logprobs[mask], rtol=0, atol=2e-4)
+    again = sample_groups(
+        model,
+        tokenizer,
+        prompts,
+        group_size=4,
+        max_new_tokens=6,
+        temperature=0.7,
+        device=torch.device("cpu"),
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert torch.equal(again.completion_ids, batch.completion_ids), "sampling is not reproducible from its seed"
+
+
+def test_missing_model_gives_one_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_base(ModelConfig(name=str(tmp_path / "empty"), quantization="none", device="cpu"))
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        ModelConfig(quantization="fp3")
