@@ -1,0 +1,173 @@
+"""The ``hivegrpo`` command. Thin: each subcommand turns options into a config and calls one function.
+
+Heavy imports (torch, transformers, hivemind) happen inside the commands so ``hivegrpo --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from peer import __version__
+
+
+def _threads(num_threads: int) -> None:
+    """Peer processes share few cores: one thread each unless the user says otherwise (see docs)."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
+    import torch
+
+    torch.set_num_threads(num_threads)
+
+
+def _task_config(text: str | None) -> dict:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not valid JSON ({e.msg}); pass e.g. '{{\"digits\": 3}}'") from e
+    if not isinstance(value, dict):
+        raise click.BadParameter("must be a JSON object, e.g. '{\"digits\": 3}'")
+    return value
+
+
+def _model_options(f):
+    f = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)(f)
+    f = click.option(
+        "--quantization",
+        type=click.Choice(["nf4", "int8", "none"]),
+        default="nf4",
+        show_default=True,
+        help="How the frozen base weights are held (bitsandbytes).",
+    )(f)
+    f = click.option(
+        "--model", default="bundled", show_default=True, help="'bundled', a model directory or a hub id."
+    )(f)
+    return f
+
+
+def _task_options(f):
+    f = click.option("--task-config", default=None, help="JSON object of task options, e.g. '{\"digits\": 3}'.")(f)
+    f = click.option(
+        "--task",
+        default="addition",
+        show_default=True,
+        help="Built-in task, a reasoning-gym dataset name, or a plug-in 'module:attribute'.",
+    )(f)
+    return f
+
+
+class _Group(click.Group):
+    """Prints a user-fixable error as one line (``Error: ...``, exit 1) instead of a traceback."""
+
+    def invoke(self, ctx):
+        from peer.errors import UserError
+
+        try:
+            return super().invoke(ctx)
+        except UserError as e:
+            raise click.ClickException(str(e)) from e
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hivegrpo")
+@click.option("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR.")
+def main(log_level: str | None) -> None:
+    """Peer-to-peer asynchronous GRPO fine-tuning with LoRA."""
+    from peer.log import configure
+
+    configure(log_level)
+
+
+@main.command()
+def demo() -> None:
+    """Run a whole local swarm on the bundled tiny model (not built yet)."""
+    click.echo(
+        "hivegrpo demo is not built yet: the local swarm needs the network roles. Meanwhile "
+        "`hivegrpo train-local` runs the synchronous GRPO loop on the bundled model and `hivegrpo eval` scores it.",
+        err=True,
+    )
+    sys.exit(1)
+
+
+@main.command("eval")
+@_model_options
+@_task_options
+@click.option("--adapter", type=click.Path(exists=True), default=None, help="LoRA adapter file or peft directory.")
+@click.option("--n", "n", type=click.IntRange(1), default=500, show_default=True, help="Held-out examples.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Which held-out set.")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=6, show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def eval_cmd(model, quantization, device, task, task_config, adapter, n, seed, max_new_tokens, threads, as_json):
+    """Greedy exact match of a model (and adapter) on the task's held-out set."""
+    _threads(threads)
+    from peer.model.config import ModelConfig
+    from peer.model.evaluate import evaluate_model
+    from peer.tasks import get_task
+
+    model_config = ModelConfig(name=model, quantization=quantization, device=device)
+    result = evaluate_model(
+        model_config, get_task(task, _task_config(task_config)), adapter, n=n, seed=seed, max_new_tokens=max_new_tokens
+    )
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(f"exact match {result['exact_match']:.3f} on {result['n']} held-out examples ({result['task']})")
+
+
+@main.command("train-local")
+@_model_options
+@_task_options
+@click.option("--duration", type=click.FloatRange(min=1), default=300, show_default=True, help="Training seconds.")
+@click.option("--max-steps", type=click.IntRange(1), default=None, help="Stop after this many steps.")
+@click.option("--target", type=click.FloatRange(0, 1), default=None, help="Stop once held-out exact match reaches it.")
+@click.option("--eval-every", type=click.FloatRange(min=1), default=15, show_default=True, help="Training seconds.")
+@click.option("--eval-n", type=click.IntRange(1), default=500, show_default=True)
+@click.option("--prompts-per-step", type=click.IntRange(1), default=16, show_default=True)
+@click.option("--group-size", type=click.IntRange(2), default=8, show_default=True)
+@click.option("--lr", type=float, default=2e-3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the curve as JSON here.")
+@click.option("--save-adapter", type=click.Path(dir_okay=False), default=None, help="Write the final adapter here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def train_local(model, quantization, device, task, task_config, threads, as_json, **options):
+    """The synchronous single-process GRPO reference loop (the baseline for every swarm result)."""
+    _threads(threads)
+    from peer.roles.reference import ReferenceConfig, run_reference
+
+    config = ReferenceConfig.build(
+        model=model,
+        quantization=quantization,
+        device=device,
+        task=task,
+        task_config=_task_config(task_config),
+        **options,
+    )
+    result = run_reference(config)
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        for point in result["curve"]:
+            click.echo(f"{point['seconds']:7.1f}s  step {point['step']:4d}  exact match {point['exact_match']:.3f}")
+
+
+@main.command("build-tiny")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Directory to write the model to.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def build_tiny(out, seed):
+    """Rebuild the bundled tiny model from scratch (provenance of the shipped checkpoint)."""
+    _threads(1)
+    from pathlib import Path
+
+    from peer.model.tiny import build
+
+    click.echo(json.dumps(build(Path(out), seed=seed), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The loops each role runs, composed from peer.model, peer.tasks and peer.grpo."""

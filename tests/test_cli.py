@@ -1,0 +1,64 @@
+"""The ``hivegrpo`` command as a user runs it: real subprocesses, the bundled model, JSON outputs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def hivegrpo(*args, check=True, timeout=240):
+    out = subprocess.run(
+        [sys.executable, "-m", "peer.cli", *args], capture_output=True, text=True, env=ENV, timeout=timeout
+    )
+    if check and out.returncode != 0:
+        raise AssertionError(f"hivegrpo {' '.join(args)} exited {out.returncode}:\n{out.stderr[-3000:]}")
+    return out
+
+
+def test_eval_bundled_is_about_thirty_percent():
+    result = json.loads(hivegrpo("eval", "--model", "bundled", "--n", "500", "--json").stdout)
+    assert result["n"] == 500 and result["quantization"] == "nf4"
+    assert 0.22 <= result["exact_match"] <= 0.38, result
+
+
+def test_train_local_then_eval_the_saved_adapter(tmp_path):
+    adapter, report = tmp_path / "a.safetensors", tmp_path / "r.json"
+    out = hivegrpo(
+        "train-local",
+        "--max-steps",
+        "3",
+        "--eval-n",
+        "100",
+        "--eval-every",
+        "1000",
+        "--save-adapter",
+        str(adapter),
+        "--report",
+        str(report),
+        "--json",
+    )
+    result = json.loads(out.stdout)
+    assert result["steps"] == 3 and [p["step"] for p in result["curve"]] == [0, 3]
+    assert json.loads(report.read_text()) == result
+    scored = json.loads(hivegrpo("eval", "--adapter", str(adapter), "--n", "100", "--json").stdout)
+    assert scored["adapter_sha256"] == result["adapter_sha256"]
+    assert scored["exact_match"] == pytest.approx(result["final_exact_match"])  # same held-out set, greedy
+
+
+def test_user_errors_are_one_clear_line():
+    out = hivegrpo("eval", "--task", "no_such_task", "--n", "5", check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "no_such_task" in out.stderr and "addition" in out.stderr
+    out = hivegrpo("eval", "--task-config", "{not json", "--n", "5", check=False)
+    assert out.returncode == 2 and "not valid JSON" in out.stderr
+    out = hivegrpo("eval", "--model", "/nonexistent/model/dir", "--n", "5", check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "/nonexistent/model/dir" in out.stderr
+
+
+def test_demo_says_it_is_not_built_yet():
+    out = hivegrpo("demo", check=False)
+    assert out.returncode == 1 and "not built yet" in out.stderr
