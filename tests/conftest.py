@@ -18,11 +18,22 @@ def pytest_configure(config):
         pass
 
 
+def _is_torch_helper(process: psutil.Process) -> bool:
+    try:
+        return process.name().startswith("torch_shm_manag")
+    except psutil.NoSuchProcess:
+        return True
+
+
 @pytest.fixture(scope="session", autouse=True)
 def reap_children():
-    """After the session, terminate (then kill) any process this test run started and left behind, by PID."""
+    """After the session, terminate (then kill) any process this test run started and left behind, by PID.
+
+    torch's shared-memory manager is spared: it is torch's own helper, it exits by itself once this process is
+    gone, and killing it early makes the tensors freed at interpreter exit abort the process (broken pipe).
+    """
     yield
-    children = psutil.Process().children(recursive=True)
+    children = [p for p in psutil.Process().children(recursive=True) if not _is_torch_helper(p)]
     for child in children:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.terminate()
