@@ -1,0 +1,122 @@
+"""The swarm's wire protocol: every DHT key, every record schema, the limits and the protocol version. No torch.
+
+* :mod:`~peer.protocol.keys` — key and subkey builders (``{run}_manifest``, ``{run}_bucket_{v % 64}``, owner
+  subkeys) and their parsers; the only place a key is spelled.
+* :mod:`~peer.protocol.records` — the record schemas (manifest, heartbeat, adapter, group, blob pointer, bucket
+  entry, metrics) as strict pydantic v1 models, and :func:`pack` / :func:`unpack` / :func:`to_dht_value`.
+* :mod:`~peer.protocol.limits` — every size limit, and :func:`check_value_size`, called before ``DHT.store``.
+* :mod:`~peer.protocol.version` — :data:`PROTOCOL_VERSION` and the rule for records of other versions.
+* :mod:`~peer.protocol.codec` — token ids and log-probs as little-endian 4-byte arrays.
+* :mod:`~peer.protocol.validators` — the hivemind record validators built from the above. Import it explicitly:
+  it needs hivemind, which imports torch; nothing else here does.
+
+Publishing a group, in short::
+
+    entry = BucketEntry.of_group(group) if fits_inline(group) else BucketEntry.of_pointer(pointer, v, seq)
+    dht.store(bucket_key(run, v), to_dht_value(entry), expiration_time=..., subkey=group_subkey(pub, v, seq))
+
+and reading one back: ``from_dht_value(BucketEntry, item.value)`` for each subkey, keeping entries whose
+``version`` is the one wanted. Everything read is untrusted: parse it, never unpickle it. See docs/protocol.md.
+"""
+
+from peer.protocol.errors import KeyFormatError, ProtocolVersionError, RecordError, RecordTooLarge
+from peer.protocol.keys import (
+    adapter_key,
+    bucket_key,
+    bucket_slot,
+    check_run_id,
+    group_subkey,
+    manifest_key,
+    metrics_key,
+    owner_subkey,
+    parse_group_subkey,
+    parse_owner_subkey,
+    peers_key,
+)
+from peer.protocol.limits import (
+    BUCKET_RING,
+    MAX_BLOB_BYTES,
+    MAX_COMPLETION_TOKENS,
+    MAX_DHT_VALUE_BYTES,
+    MAX_GROUP_BYTES,
+    MAX_GROUP_SIZE,
+    MAX_INLINE_GROUP_BYTES,
+    MAX_PROMPT_TOKENS,
+    MAX_PROVIDERS,
+    MAX_RUN_ID_LEN,
+    check_value_size,
+)
+from peer.protocol.records import (
+    AdapterRecord,
+    BlobPointer,
+    BucketEntry,
+    Completion,
+    GroupRecord,
+    ManifestRecord,
+    MetricsRecord,
+    ModelFile,
+    ModelSpec,
+    PeerRecord,
+    TaskSpec,
+    decode_floats,
+    decode_tokens,
+    encode_floats,
+    encode_tokens,
+    fits_inline,
+    from_dht_value,
+    pack,
+    to_dht_value,
+    unpack,
+)
+from peer.protocol.version import PROTOCOL_VERSION, check_protocol_version
+
+__all__ = [
+    "BUCKET_RING",
+    "MAX_BLOB_BYTES",
+    "MAX_COMPLETION_TOKENS",
+    "MAX_DHT_VALUE_BYTES",
+    "MAX_GROUP_BYTES",
+    "MAX_GROUP_SIZE",
+    "MAX_INLINE_GROUP_BYTES",
+    "MAX_PROMPT_TOKENS",
+    "MAX_PROVIDERS",
+    "MAX_RUN_ID_LEN",
+    "PROTOCOL_VERSION",
+    "AdapterRecord",
+    "BlobPointer",
+    "BucketEntry",
+    "Completion",
+    "GroupRecord",
+    "KeyFormatError",
+    "ManifestRecord",
+    "MetricsRecord",
+    "ModelFile",
+    "ModelSpec",
+    "PeerRecord",
+    "ProtocolVersionError",
+    "RecordError",
+    "RecordTooLarge",
+    "TaskSpec",
+    "adapter_key",
+    "bucket_key",
+    "bucket_slot",
+    "check_protocol_version",
+    "check_run_id",
+    "check_value_size",
+    "decode_floats",
+    "decode_tokens",
+    "encode_floats",
+    "encode_tokens",
+    "fits_inline",
+    "from_dht_value",
+    "group_subkey",
+    "manifest_key",
+    "metrics_key",
+    "owner_subkey",
+    "pack",
+    "parse_group_subkey",
+    "parse_owner_subkey",
+    "peers_key",
+    "to_dht_value",
+    "unpack",
+]

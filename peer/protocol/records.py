@@ -1,0 +1,428 @@
+"""Every record schema of the protocol (pydantic v1 models, as hivemind's SchemaValidator needs).
+
+Records are small, typed, signed and expiring. The same models serve three purposes: writers build them (and get
+a ``ValidationError`` on a bad value at once), every peer's DHT validator checks each stored value against them
+(:mod:`peer.protocol.validators`), and readers parse DHT values and blobs with them (:func:`from_dht_value`,
+:func:`unpack`). Hence the rules:
+
+* Types are strict (``StrictInt``, ``StrictFloat``, ``StrictBytes``, ...): hivemind's SchemaValidator rejects a
+  value that pydantic had to convert, but it compares with ``==``, where ``3.0 == 3``; strict types close that gap.
+  Floats must be ``float`` (``0.0``, not ``0``), and must be finite.
+* Every field is required, optional ones included (pass ``None``): a value missing a field would not equal its
+  parsed form, so the DHT would refuse it; requiring it makes the error say so.
+* Unknown fields are refused. A new field is a protocol change (see :mod:`peer.protocol.version`).
+* Every top-level record has ``protocol_version`` (defaulting to :data:`PROTOCOL_VERSION`) and refuses others.
+* Sizes are bounded by :mod:`peer.protocol.limits`: every record stored in the DHT fits ``MAX_DHT_VALUE_BYTES``
+  even with every field at its bound; a group over ``MAX_INLINE_GROUP_BYTES`` travels as a blob.
+
+Token ids travel as little-endian uint32 bytes and log-probs as little-endian float32 bytes
+(:mod:`peer.protocol.codec`); validators decode them with the stdlib to check lengths, finiteness and signs.
+"""
+
+import json
+from typing import Any, ClassVar, Literal
+
+import pydantic.v1 as pydantic
+
+from peer.protocol.codec import (
+    all_finite_nonpositive,
+    decode_floats,
+    decode_tokens,
+    encode_floats,
+    encode_tokens,
+)
+from peer.protocol.limits import (
+    MAX_BLOB_BYTES,
+    MAX_COMPLETION_TOKENS,
+    MAX_GROUP_BYTES,
+    MAX_GROUP_SIZE,
+    MAX_INLINE_GROUP_BYTES,
+    MAX_INT,
+    MAX_JSON_CHARS,
+    MAX_MADDR_CHARS,
+    MAX_MADDRS,
+    MAX_MODEL_FILES,
+    MAX_NAME_CHARS,
+    MAX_PATH_CHARS,
+    MAX_PEER_ID_CHARS,
+    MAX_PROMPT_TOKENS,
+    MAX_PROVIDERS,
+    MAX_REASONS,
+    MAX_STATS,
+    RUN_ID_PATTERN,
+)
+from peer.protocol.serialization import from_dht_value, pack, to_dht_value, unpack
+from peer.protocol.version import PROTOCOL_VERSION, check_protocol_version
+
+__all__ = [
+    "AdapterRecord",
+    "BlobPointer",
+    "BucketEntry",
+    "Completion",
+    "GroupRecord",
+    "ManifestRecord",
+    "MetricsRecord",
+    "ModelFile",
+    "ModelSpec",
+    "PeerRecord",
+    "TaskSpec",
+    "decode_floats",
+    "decode_tokens",
+    "encode_floats",
+    "encode_tokens",
+    "fits_inline",
+    "from_dht_value",
+    "pack",
+    "to_dht_value",
+    "unpack",
+]
+
+Sha256 = pydantic.constr(strict=True, regex=r"[0-9a-f]{64}\Z")
+PeerId = pydantic.constr(strict=True, min_length=1, max_length=MAX_PEER_ID_CHARS, regex=r"[1-9A-HJ-NP-Za-km-z]+\Z")
+Name = pydantic.constr(strict=True, min_length=1, max_length=MAX_NAME_CHARS)
+Count = pydantic.conint(strict=True, ge=0, le=MAX_INT)
+Seed = pydantic.conint(strict=True, ge=0, le=MAX_INT)
+Timestamp = pydantic.confloat(strict=True, ge=0.0, allow_inf_nan=False)
+NonNegative = pydantic.confloat(strict=True, ge=0.0, allow_inf_nan=False)
+Finite = pydantic.confloat(strict=True, allow_inf_nan=False)
+Fraction = pydantic.confloat(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)
+BlobSize = pydantic.conint(strict=True, ge=1, le=MAX_BLOB_BYTES)
+Providers = pydantic.conlist(PeerId, min_items=1, max_items=MAX_PROVIDERS)
+ShortName = pydantic.constr(strict=True, min_length=1, max_length=64)
+Revision = pydantic.constr(strict=True, min_length=1, max_length=MAX_NAME_CHARS)
+Maddr = pydantic.constr(strict=True, min_length=1, max_length=MAX_MADDR_CHARS)
+
+
+class JsonObject(pydantic.ConstrainedStr):
+    """A JSON document (at most ``MAX_JSON_CHARS`` characters) whose top level is an object."""
+
+    strict = True
+    max_length = MAX_JSON_CHARS
+
+    @classmethod
+    def __get_validators__(cls):
+        yield from super().__get_validators__()
+        yield cls._is_object
+
+    @classmethod
+    def _is_object(cls, value: str) -> str:
+        try:
+            parsed = json.loads(value, parse_constant=_refuse_constant)
+        except ValueError as error:
+            raise ValueError(f"not valid JSON ({error})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"must be a JSON object, got a JSON {type(parsed).__name__}")
+        return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in protocol JSON")
+
+
+class _Model(pydantic.BaseModel):
+    """Frozen, closed (unknown fields refused), every field validated."""
+
+    class Config:
+        extra = pydantic.Extra.forbid
+        frozen = True
+
+
+class _Record(_Model):
+    """A top-level record: it carries the protocol version and accepts only this peer's."""
+
+    protocol_version: pydantic.StrictInt = PROTOCOL_VERSION
+
+    @pydantic.validator("protocol_version")
+    def _same_protocol(cls, value: int) -> int:
+        check_protocol_version(value, cls.__name__)
+        return value
+
+
+def _unique(values: list[Any], what: str) -> None:
+    if len(set(values)) != len(values):
+        raise ValueError(f"{what} must not repeat")
+
+
+def _check_bounded_dict(value: dict[str, Any], limit: int) -> dict[str, Any]:
+    if len(value) > limit:
+        raise ValueError(f"at most {limit} entries, got {len(value)}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------- manifest
+
+
+class ModelFile(_Model):
+    """One file of the base model: where it goes (relative to the model folder), its content hash and size."""
+
+    path: pydantic.constr(strict=True, min_length=1, max_length=MAX_PATH_CHARS)
+    sha256: Sha256
+    size: pydantic.conint(strict=True, ge=0, le=MAX_BLOB_BYTES)
+
+    @pydantic.validator("path")
+    def _relative(cls, value: str) -> str:
+        if value.startswith("/") or "\\" in value or any(ord(char) < 32 or char == "\x7f" for char in value):
+            raise ValueError("must be a relative POSIX path without backslashes or control characters")
+        if any(part in ("", ".", "..") for part in value.split("/")):
+            raise ValueError("must not contain '.', '..' or empty components")
+        return value
+
+
+class ModelSpec(_Model):
+    """The base model every peer runs: hub name (or ``bundled``), revision, quantization, and its files."""
+
+    name: pydantic.constr(strict=True, min_length=1, max_length=256)
+    revision: Revision | None = pydantic.Field(...)
+    quantization: Literal["nf4", "int8", "none"]
+    files: pydantic.conlist(ModelFile, min_items=1, max_items=MAX_MODEL_FILES)
+
+    @pydantic.validator("files")
+    def _distinct_paths(cls, value: list[ModelFile]) -> list[ModelFile]:
+        _unique([item.path for item in value], "file paths")
+        return value
+
+
+class TaskSpec(_Model):
+    """The verifiable task: its registered name and its configuration as a JSON object."""
+
+    name: Name
+    config_json: JsonObject
+
+    def config(self) -> dict[str, Any]:
+        return json.loads(self.config_json)
+
+
+class ManifestRecord(_Record):
+    """What a run is, published by the coordinator: the base model, task, hyperparameters and adapter v0.
+
+    ``grpo_json`` holds ``{"sampling": SamplingConfig, "loss": LossConfig, "staleness": StalenessConfig}`` as
+    dicts and ``lora_json`` the LoRA shape; each config's own ``from_dict`` reads them back strictly. Readers take
+    the manifest under the subkey of the coordinator's known public key and check ``run_id`` is the run they join.
+    """
+
+    run_id: pydantic.constr(strict=True, regex=RUN_ID_PATTERN.pattern)
+    created: Timestamp
+    access: Literal["public", "private"]
+    seed: Seed
+    model: ModelSpec
+    task: TaskSpec
+    grpo_json: JsonObject
+    lora_json: JsonObject
+    adapter0_sha256: Sha256
+    coordinator: PeerId
+
+    def grpo(self) -> dict[str, Any]:
+        return json.loads(self.grpo_json)
+
+    def lora(self) -> dict[str, Any]:
+        return json.loads(self.lora_json)
+
+
+# ---------------------------------------------------------------------------------------------------- peers
+
+
+class PeerRecord(_Record):
+    """A heartbeat: who a peer is, what it holds, how fast it goes, how to reach it. Refreshed, short-lived."""
+
+    peer_id: PeerId
+    role: Literal["coordinator", "rollout", "learner", "observer"]
+    adapter_version: pydantic.conint(strict=True, ge=-1, le=MAX_INT)
+    throughput: NonNegative
+    hardware: pydantic.constr(strict=True, max_length=MAX_NAME_CHARS)
+    reachable: pydantic.StrictBool
+    maddrs: pydantic.conlist(Maddr, max_items=MAX_MADDRS)
+    started: Timestamp
+    last_seen: Timestamp
+    state: Literal["starting", "running", "leaving"]
+    stats: dict[ShortName, Finite]
+
+    _stats_bounded = pydantic.validator("stats", allow_reuse=True)(lambda v: _check_bounded_dict(v, MAX_STATS))
+
+    @pydantic.root_validator(skip_on_failure=True)
+    def _seen_after_start(cls, values: dict[str, Any]) -> dict[str, Any]:
+        if values["last_seen"] < values["started"]:
+            raise ValueError("last_seen must not be before started")
+        return values
+
+
+# ---------------------------------------------------------------------------------------------------- adapters
+
+
+class AdapterRecord(_Record):
+    """A learner's announcement of the newest adapter version it holds and serves."""
+
+    version: Count
+    sha256: Sha256
+    parent_sha256: pydantic.constr(strict=True, regex=r"([0-9a-f]{64})?\Z")
+    size: BlobSize
+    providers: Providers
+    created: Timestamp
+    learner: PeerId
+
+    _distinct_providers = pydantic.validator("providers", allow_reuse=True)(lambda v: _unique(v, "providers") or v)
+
+    @pydantic.root_validator(skip_on_failure=True)
+    def _lineage(cls, values: dict[str, Any]) -> dict[str, Any]:
+        if (values["version"] == 0) != (values["parent_sha256"] == ""):
+            raise ValueError("parent_sha256 must be empty for version 0 and a sha256 for every later version")
+        if values["parent_sha256"] == values["sha256"]:
+            raise ValueError("an adapter cannot be its own parent")
+        return values
+
+
+# ---------------------------------------------------------------------------------------------------- groups
+
+
+class Completion(_Model):
+    """One sampled completion: its token ids and the behaviour log-prob of each token, as 4-byte little-endian."""
+
+    token_ids: pydantic.conbytes(strict=True, min_length=4, max_length=4 * MAX_COMPLETION_TOKENS)
+    logprobs: pydantic.conbytes(strict=True, min_length=4, max_length=4 * MAX_COMPLETION_TOKENS)
+
+    @pydantic.validator("token_ids")
+    def _whole_tokens(cls, value: bytes) -> bytes:
+        decode_tokens(value)
+        return value
+
+    @pydantic.validator("logprobs")
+    def _logprobs(cls, value: bytes) -> bytes:
+        if not all_finite_nonpositive(value):
+            raise ValueError("log-probs must all be finite and <= 0")
+        return value
+
+    @pydantic.root_validator(skip_on_failure=True)
+    def _aligned(cls, values: dict[str, Any]) -> dict[str, Any]:
+        if len(values["token_ids"]) != len(values["logprobs"]):
+            raise ValueError(f"{len(values['token_ids']) // 4} token ids but {len(values['logprobs']) // 4} log-probs")
+        return values
+
+    @classmethod
+    def of(cls, token_ids: list[int], logprobs: list[float]) -> "Completion":
+        """Build from plain lists."""
+        return cls(token_ids=encode_tokens(token_ids), logprobs=encode_floats(logprobs))
+
+    def tokens(self) -> list[int]:
+        return decode_tokens(self.token_ids)
+
+    def behaviour_logprobs(self) -> list[float]:
+        return decode_floats(self.logprobs)
+
+
+class GroupRecord(_Record):
+    """A GRPO group: G completions of one prompt, sampled with adapter ``version``, scored, unmodified since.
+
+    ``(task_seed, task_index)`` names the example so a learner regenerates the prompt and its answer; ``rewards``
+    are the producer's claim (learners recompute them). ``(producer, version, seq)`` identifies the group.
+    """
+
+    max_packed_bytes: ClassVar[int] = MAX_GROUP_BYTES
+
+    version: Count
+    adapter_sha256: Sha256
+    producer: PeerId
+    seq: Count
+    task_seed: Seed
+    task_index: Count
+    prompt_ids: pydantic.conbytes(strict=True, min_length=4, max_length=4 * MAX_PROMPT_TOKENS)
+    completions: pydantic.conlist(Completion, min_items=2, max_items=MAX_GROUP_SIZE)
+    rewards: pydantic.conlist(Fraction, min_items=2, max_items=MAX_GROUP_SIZE)
+    created: Timestamp
+
+    @pydantic.validator("prompt_ids")
+    def _whole_tokens(cls, value: bytes) -> bytes:
+        decode_tokens(value)
+        return value
+
+    @pydantic.root_validator(skip_on_failure=True)
+    def _one_reward_each(cls, values: dict[str, Any]) -> dict[str, Any]:
+        if len(values["rewards"]) != len(values["completions"]):
+            raise ValueError(f"{len(values['completions'])} completions but {len(values['rewards'])} rewards")
+        return values
+
+    def prompt_tokens(self) -> list[int]:
+        return decode_tokens(self.prompt_ids)
+
+
+class BlobPointer(_Record):
+    """Where to fetch a content-addressed blob: its sha256, size, who serves it, and what it is."""
+
+    sha256: Sha256
+    size: BlobSize
+    providers: Providers
+    kind: Literal["group", "adapter", "model-file"]
+
+    _distinct_providers = pydantic.validator("providers", allow_reuse=True)(lambda v: _unique(v, "providers") or v)
+
+    @pydantic.root_validator(skip_on_failure=True)
+    def _group_size(cls, values: dict[str, Any]) -> dict[str, Any]:
+        if values["kind"] == "group" and values["size"] > MAX_GROUP_BYTES:
+            raise ValueError(f"a group blob is at most {MAX_GROUP_BYTES} bytes, got {values['size']}")
+        return values
+
+
+def fits_inline(group: GroupRecord) -> bool:
+    """Whether ``group`` is small enough to travel inside its bucket entry (else: a blob and a pointer)."""
+    return len(pack(group)) <= MAX_INLINE_GROUP_BYTES
+
+
+class BucketEntry(_Record):
+    """One entry of a bucket: a group inline, or a pointer to the group's blob; never both.
+
+    ``version`` and ``seq`` repeat the group's (and the subkey's, which the DHT validator checks) so that a pointer
+    entry can be filtered and deduplicated before its blob is fetched.
+    """
+
+    version: Count
+    seq: Count
+    inline: GroupRecord | None = pydantic.Field(...)
+    pointer: BlobPointer | None = pydantic.Field(...)
+
+    @pydantic.root_validator(skip_on_failure=True)
+    def _one_payload(cls, values: dict[str, Any]) -> dict[str, Any]:
+        inline, pointer = values["inline"], values["pointer"]
+        if (inline is None) == (pointer is None):
+            raise ValueError("a bucket entry holds exactly one of inline or pointer")
+        if inline is not None:
+            if (inline.version, inline.seq) != (values["version"], values["seq"]):
+                raise ValueError("version and seq must equal the inline group's")
+            size = len(pack(inline))
+            if size > MAX_INLINE_GROUP_BYTES:
+                raise ValueError(
+                    f"the inline group is {size} bytes packed, over {MAX_INLINE_GROUP_BYTES}; publish it as a blob"
+                )
+        elif pointer.kind != "group":
+            raise ValueError(f"a bucket entry must point to a group blob, got kind {pointer.kind!r}")
+        return values
+
+    @classmethod
+    def of_group(cls, group: GroupRecord) -> "BucketEntry":
+        """The entry holding ``group`` inline (check :func:`fits_inline` first)."""
+        return cls(version=group.version, seq=group.seq, inline=group, pointer=None)
+
+    @classmethod
+    def of_pointer(cls, pointer: BlobPointer, version: int, seq: int) -> "BucketEntry":
+        """The entry pointing to the blob of group ``(version, seq)``."""
+        return cls(version=version, seq=seq, inline=None, pointer=pointer)
+
+
+# ---------------------------------------------------------------------------------------------------- metrics
+
+
+class MetricsRecord(_Record):
+    """A learner's running summary, for status: what it accepted, dropped and rejected, and how it is doing."""
+
+    learner: PeerId
+    version: Count
+    groups_accepted: Count
+    groups_dropped_stale: Count
+    groups_rejected: dict[ShortName, Count]
+    staleness_mean: NonNegative
+    staleness_max: Count
+    reward_mean: Fraction
+    exact_match: Fraction | None = pydantic.Field(...)
+    step_seconds: NonNegative
+    created: Timestamp
+
+    _reasons_bounded = pydantic.validator("groups_rejected", allow_reuse=True)(
+        lambda v: _check_bounded_dict(v, MAX_REASONS)
+    )
