@@ -1,0 +1,187 @@
+"""Buckets: where rollout groups wait for learners, keyed by ``(run, adapter version)``, one entry per group.
+
+A rollout peer publishes each group under ``bucket_key(run, version)`` with the subkey
+``[owner:ITS_KEY]<version>.<seq>``: the DHT's validators make sure only the owner of that key can write it and that
+the entry matches its schema. A small group rides inline in the entry; a larger one is put in the producer's blob
+cache and the entry holds a pointer (sha256, size, provider), fetched over a P2P stream when a learner wants it.
+Entries expire by themselves (``expiration`` seconds, sized to the staleness window), so buckets clean up.
+
+A reader asks for every group in a version range it has not seen yet and gets, per entry, either the group and
+its owner key (the verified signer — the identity bans attach to) or the reason it was refused. Nothing read is
+trusted beyond its schema: learners still re-derive prompts and recompute rewards.
+
+:class:`BucketStore` is the interface; :class:`DHTBucketStore` is the swarm backend and
+:class:`MemoryBucketStore` an in-memory one for unit tests of the logic above it.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Container, Iterable
+from dataclasses import dataclass
+
+from peer.errors import UserError
+from peer.log import get_logger
+from peer.protocol import (
+    BUCKET_RING,
+    BlobPointer,
+    BucketEntry,
+    GroupRecord,
+    RecordError,
+    bucket_key,
+    fits_inline,
+    from_dht_value,
+    group_subkey,
+    pack,
+    parse_group_subkey,
+    to_dht_value,
+    unpack,
+)
+
+logger = get_logger(__name__)
+
+GroupId = tuple[bytes, int, int]  # (owner public key, version, seq)
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """One bucket entry as read: the group, or why it was refused (``group`` is None then)."""
+
+    owner: bytes
+    version: int
+    seq: int
+    group: GroupRecord | None
+    error: str | None = None
+
+    @property
+    def id(self) -> GroupId:
+        return (self.owner, self.version, self.seq)
+
+
+class BucketStore(abc.ABC):
+    """Publish this peer's groups; fetch everyone's groups in a version range."""
+
+    @abc.abstractmethod
+    def publish(self, group: GroupRecord) -> None:
+        """Make ``group`` visible to every reader of its version's bucket."""
+
+    @abc.abstractmethod
+    def fetch(self, min_version: int, max_version: int, seen: Container[GroupId] = ()) -> list[Fetched]:
+        """Entries of versions ``min_version..max_version`` (inclusive) whose id is not in ``seen``."""
+
+    def count(self, min_version: int, max_version: int) -> int:
+        """How many entries the range holds now (a cheap upper bound for backpressure)."""
+        return len(self.fetch(min_version, max_version))
+
+
+def _versions(min_version: int, max_version: int) -> range:
+    if min_version < 0 or max_version < min_version:
+        return range(0)
+    # one ring slot per version; a range longer than the ring would read slots twice
+    return range(max(min_version, max_version - BUCKET_RING + 1), max_version + 1)
+
+
+class MemoryBucketStore(BucketStore):
+    """In-process buckets for unit tests; stores share ``entries`` to see each other, like peers of one swarm."""
+
+    def __init__(self, owner: bytes, entries: dict | None = None, clock=time.time):
+        self.owner = owner
+        self.entries: dict[GroupId, tuple[float, bytes]] = {} if entries is None else entries
+        self.expiration = 600.0
+        self._clock = clock
+
+    def publish(self, group: GroupRecord) -> None:
+        self.entries[(self.owner, group.version, group.seq)] = (self._clock() + self.expiration, pack(group))
+
+    def fetch(self, min_version: int, max_version: int, seen: Container[GroupId] = ()) -> list[Fetched]:
+        now, versions, out = self._clock(), _versions(min_version, max_version), []
+        for (owner, version, seq), (expires, data) in list(self.entries.items()):
+            if version in versions and expires > now and (owner, version, seq) not in seen:
+                out.append(_parse_packed(owner, version, seq, data))
+        return out
+
+
+class DHTBucketStore(BucketStore):
+    """Buckets in the swarm's DHT; large groups as blobs served by their producer (``blobs``: a BlobService)."""
+
+    def __init__(
+        self, swarm, blobs=None, *, expiration: float = 600.0, fetch_timeout: float = 30.0, store_attempts: int = 4
+    ):
+        self.swarm = swarm
+        self.store_attempts = store_attempts
+        self.blobs = blobs
+        self.expiration = expiration
+        self.fetch_timeout = fetch_timeout
+
+    def publish(self, group: GroupRecord) -> None:
+        if fits_inline(group):
+            entry = BucketEntry.of_group(group)
+        else:
+            if self.blobs is None:
+                raise UserError(
+                    f"group {group.version}.{group.seq} is too large to publish inline and no blob service"
+                )
+            data = pack(group)
+            sha = self.blobs.cache.put_bytes(data)
+            pointer = BlobPointer(sha256=sha, size=len(data), providers=[str(self.swarm.peer_id)], kind="group")
+            entry = BucketEntry.of_pointer(pointer, group.version, group.seq)
+        key = bucket_key(self.swarm.run_id, group.version)
+        subkey = group_subkey(self.swarm.public_key, group.version, group.seq)
+        value = to_dht_value(entry)
+        for attempt in range(self.store_attempts):
+            # hivemind's DHT time is wall-clock time; a retry may extend, never shorten, the entry's life
+            if self.swarm.store(key, subkey, value, time.time() + self.expiration, "bucket entry"):
+                return
+            logger.info("no DHT node took group %d.%d (attempt %d); retrying", group.version, group.seq, attempt + 1)
+            time.sleep(0.5 * 2**attempt)
+        raise UserError(
+            f"no DHT node accepted group {group.version}.{group.seq} after {self.store_attempts} attempts; check "
+            "that this peer still reaches the swarm (its log shows the DHT's errors)"
+        )
+
+    def fetch(self, min_version: int, max_version: int, seen: Container[GroupId] = ()) -> list[Fetched]:
+        out = []
+        for version in _versions(min_version, max_version):
+            for subkey, item in self.swarm.get_dict(bucket_key(self.swarm.run_id, version)).items():
+                try:
+                    owner, v, seq = parse_group_subkey(subkey)
+                except (RecordError, UserError, ValueError):
+                    continue  # the validators refuse such subkeys; nothing to attribute it to
+                if v != version or (owner, v, seq) in seen:  # another version sharing this ring slot
+                    continue
+                out.append(self._read(owner, v, seq, item.value))
+        return out
+
+    def _read(self, owner: bytes, version: int, seq: int, value) -> Fetched:
+        try:
+            entry = from_dht_value(BucketEntry, value)
+        except RecordError as e:
+            return Fetched(owner, version, seq, None, str(e))
+        if entry.inline is not None:
+            return Fetched(owner, version, seq, entry.inline)
+        if self.blobs is None:
+            return Fetched(owner, version, seq, None, "group is a blob and this reader has no blob service")
+        from hivemind.p2p import PeerID
+
+        pointer = entry.pointer
+        try:
+            providers = [PeerID.from_base58(p) for p in pointer.providers]
+            path = self.blobs.fetch(pointer.sha256, pointer.size, providers, timeout=self.fetch_timeout)
+        except (UserError, ValueError) as e:
+            return Fetched(owner, version, seq, None, f"group blob unavailable: {e}")
+        return _parse_packed(owner, version, seq, path.read_bytes())
+
+
+def _parse_packed(owner: bytes, version: int, seq: int, data: bytes) -> Fetched:
+    try:
+        group = unpack(GroupRecord, data)
+    except RecordError as e:
+        return Fetched(owner, version, seq, None, str(e))
+    if (group.version, group.seq) != (version, seq):
+        return Fetched(owner, version, seq, None, f"group says {group.version}.{group.seq}, its entry {version}.{seq}")
+    return Fetched(owner, version, seq, group)
+
+
+def ids(fetched: Iterable[Fetched]) -> set[GroupId]:
+    return {f.id for f in fetched}

@@ -1,0 +1,124 @@
+"""Heartbeats: every peer announces who it is, what it holds and how fast it goes, under ``{run}_peers``.
+
+A :class:`Heartbeat` thread re-stores this peer's :class:`~peer.protocol.PeerRecord` every ``interval`` seconds
+with an expiration ``ttl`` seconds ahead, under the subkey only its key can sign; a peer that dies simply stops
+refreshing and disappears within ``ttl``. On a clean stop it announces ``state="leaving"`` once (with the usual
+expiration: hivemind keeps, per subkey, the entry that expires last, so a shorter one would be ignored).
+:func:`live_peers` reads the table back, newest records only, optionally by role.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+import time
+from dataclasses import dataclass
+
+from peer.log import get_logger
+from peer.protocol import PeerRecord, RecordError, from_dht_value, owner_subkey, parse_owner_subkey, peers_key
+
+logger = get_logger(__name__)
+
+HEARTBEAT_INTERVAL = 10.0
+HEARTBEAT_TTL = 30.0
+
+
+def default_hardware() -> str:
+    return f"{platform.machine()} {platform.system()}"[:128]
+
+
+class Heartbeat:
+    """Announce this peer every ``interval`` seconds until :meth:`stop`; :meth:`update` changes what it says."""
+
+    def __init__(
+        self,
+        swarm,
+        role: str,
+        *,
+        interval: float = HEARTBEAT_INTERVAL,
+        ttl: float = HEARTBEAT_TTL,
+        hardware: str | None = None,
+        reachable: bool | None = None,
+    ):
+        self.swarm = swarm
+        self.interval = interval
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        now = time.time()
+        self._fields = dict(
+            peer_id=str(swarm.peer_id),
+            role=role,
+            adapter_version=-1,
+            throughput=0.0,
+            hardware=hardware or default_hardware(),
+            reachable=not swarm.config.client_mode if reachable is None else reachable,
+            maddrs=swarm.visible_maddrs()[:16],
+            started=now,
+            last_seen=now,
+            state="starting",
+            stats={},
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{role}", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self.beat()
+        self._thread.start()
+        return self
+
+    def update(self, **fields) -> None:
+        with self._lock:
+            self._fields.update(fields)
+
+    def beat(self) -> bool:
+        with self._lock:
+            self._fields["last_seen"] = time.time()
+            record = PeerRecord(**self._fields)
+        return self.swarm.store(
+            peers_key(self.swarm.run_id),
+            owner_subkey(self.swarm.public_key),
+            record.dict(),
+            time.time() + self.ttl,
+            "heartbeat",
+        )
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except Exception as e:  # the network boundary: keep beating, say why one failed
+                logger.warning("heartbeat failed: %s", e)
+
+    def stop(self, leaving: bool = True) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 5)
+        if leaving:
+            self.update(state="leaving")
+            try:
+                self.beat()
+            except Exception as e:
+                logger.warning("could not announce leaving: %s", e)
+
+
+@dataclass(frozen=True)
+class LivePeer:
+    owner: bytes  # the public key that signed the record
+    record: PeerRecord
+
+
+def live_peers(swarm, role: str | None = None, include_leaving: bool = False) -> list[LivePeer]:
+    """Peers whose heartbeat has not expired, optionally of one role, sorted by peer id."""
+    out = []
+    for subkey, item in swarm.get_dict(peers_key(swarm.run_id)).items():
+        try:
+            owner = parse_owner_subkey(subkey)
+            record = from_dht_value(PeerRecord, item.value)
+        except (RecordError, ValueError):
+            continue
+        if role is not None and record.role != role:
+            continue
+        if record.state == "leaving" and not include_leaving:
+            continue
+        out.append(LivePeer(owner, record))
+    return sorted(out, key=lambda p: p.record.peer_id)

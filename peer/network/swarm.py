@@ -1,0 +1,183 @@
+"""Joining a swarm: one hivemind DHT per peer, with a persistent identity and the run's record validators.
+
+:func:`join` starts the peer's DHT (hivemind runs it, and its go-libp2p daemon, in child processes), either as the
+first peer of a new swarm (no initial peers) or bootstrapped from the multiaddrs someone pasted. It installs the
+run's validators (:func:`peer.protocol.validators.make_validators`) so every record this peer stores or serves is
+schema-checked and owner-signed, and logs the multiaddrs others can paste.
+
+Home machines: by default the peer listens on all interfaces, uses libp2p relays (``use_relay``) and auto-relay
+(``use_auto_relay``) so a peer behind NAT is still reachable through a relay, and may run in *client mode*
+(``client_mode``: it queries and stores but serves no DHT requests, for peers nobody can reach). The start-up and
+bootstrap timeouts are generous (60 s / 30 s) because home links are slow to open. A peer that cannot bootstrap
+raises :class:`SwarmJoinError` naming the addresses it tried and what to check — never a bare traceback or a hang.
+
+Identity: ``identity_path`` keeps the libp2p identity (so the peer id, and thus the multiaddrs others pasted,
+survive a restart) and, beside it at ``<identity_path>.rsa``, the RSA key that signs this peer's DHT records (so
+a restarted peer still owns its subkeys). Without it, both are fresh for each run of the process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from peer.errors import UserError
+from peer.log import get_logger
+from peer.protocol import check_run_id, check_value_size
+
+logger = get_logger(__name__)
+
+
+class SwarmJoinError(UserError, RuntimeError):
+    """The peer could not start or bootstrap its DHT; the message names the addresses tried and what to check."""
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    initial_peers: tuple[str, ...] = field(default=(), metadata={"help": "multiaddrs of peers already in the swarm"})
+    host_maddrs: tuple[str, ...] = field(
+        default=("/ip4/0.0.0.0/tcp/0",), metadata={"help": "where to listen, e.g. /ip4/0.0.0.0/tcp/31337"}
+    )
+    announce_maddrs: tuple[str, ...] = field(
+        default=(), metadata={"help": "public multiaddrs to announce (a port forwarded on the home router)"}
+    )
+    identity_path: str | None = field(default=None, metadata={"help": "file keeping this peer's identity"})
+    use_relay: bool = field(default=True, metadata={"help": "reach and be reached through libp2p relays"})
+    use_auto_relay: bool = field(default=True, metadata={"help": "find a relay automatically when behind NAT"})
+    client_mode: bool = field(default=False, metadata={"help": "query the DHT without serving it (unreachable peers)"})
+    startup_timeout: float = field(default=60.0, metadata={"help": "seconds to wait for the libp2p daemon"})
+    bootstrap_timeout: float = field(default=30.0, metadata={"help": "seconds to wait for the initial peers"})
+
+    def __post_init__(self):
+        for name in ("initial_peers", "host_maddrs", "announce_maddrs"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.startup_timeout <= 0 or self.bootstrap_timeout <= 0:
+            raise ValueError("startup_timeout and bootstrap_timeout must be positive seconds")
+
+    @classmethod
+    def loopback(cls, initial_peers=(), **overrides) -> NetworkConfig:
+        """A closed configuration for tests and the local demo: 127.0.0.1 only, no relays."""
+        base = dict(host_maddrs=("/ip4/127.0.0.1/tcp/0",), use_relay=False, use_auto_relay=False)
+        return cls(initial_peers=tuple(initial_peers), **{**base, **overrides})
+
+
+def load_signing_key(identity_path: str | None):
+    """The RSA key that signs this peer's records: kept at ``<identity_path>.rsa`` when a path is given."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    if identity_path is None:
+        return RSAPrivateKey()
+    path = Path(f"{identity_path}.rsa")
+    if path.exists():
+        key = RSAPrivateKey.__new__(RSAPrivateKey)
+        try:
+            key.__setstate__({"_private_key": path.read_bytes()})  # hivemind's own (DER) key serialization
+        except ValueError as e:
+            raise SwarmJoinError(f"the signing key {path} is unreadable ({e}); move it away to start afresh") from e
+        return key
+    key = RSAPrivateKey()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(key.to_bytes())
+    os.chmod(tmp, 0o600)
+    tmp.replace(path)
+    return key
+
+
+class Swarm:
+    """This peer's membership of one run's swarm: its DHT, signing identity, and size-checked store/get."""
+
+    def __init__(self, dht, run_id: str, signing_key, config: NetworkConfig):
+        from hivemind.dht.crypto import RSASignatureValidator
+
+        self.dht = dht
+        self.run_id = run_id
+        self.signing_key = signing_key
+        self.config = config
+        self.public_key: bytes = RSASignatureValidator(signing_key).local_public_key[len(b"[owner:") : -1]
+        self.peer_id = dht.peer_id
+
+    def visible_maddrs(self) -> list[str]:
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def store(self, key: str, subkey: bytes, value: Any, expiration_time: float, what: str) -> bool:
+        """Store one record after checking its size against the DHT limit (before hivemind ever sees it)."""
+        from hivemind.utils.serializer import MSGPackSerializer
+
+        check_value_size(MSGPackSerializer.dumps(value), what)
+        return bool(self.dht.store(key, value, expiration_time, subkey=subkey))
+
+    def get_dict(self, key: str) -> dict:
+        """The ``{subkey: ValueWithExpiration}`` dictionary under ``key`` (empty if none)."""
+        found = self.dht.get(key, latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        return found.value
+
+    def shutdown(self) -> None:
+        self.dht.shutdown()
+
+    def __enter__(self) -> Swarm:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def join(config: NetworkConfig, run_id: str) -> Swarm:
+    """Start this peer's DHT and join the swarm of ``run_id``; raises :class:`SwarmJoinError` on failure."""
+    import hivemind
+
+    from peer.protocol.validators import make_validators
+
+    check_run_id(run_id)
+    signing_key = load_signing_key(config.identity_path)
+    kwargs = dict(
+        host_maddrs=list(config.host_maddrs),
+        use_relay=config.use_relay,
+        use_auto_relay=config.use_auto_relay,
+        client_mode=config.client_mode,
+        startup_timeout=config.startup_timeout,
+        bootstrap_timeout=config.bootstrap_timeout,
+    )
+    if config.announce_maddrs:
+        kwargs["announce_maddrs"] = list(config.announce_maddrs)
+    if config.identity_path:
+        Path(config.identity_path).parent.mkdir(parents=True, exist_ok=True)
+        kwargs["identity_path"] = config.identity_path
+    start = time.perf_counter()
+    try:
+        dht = hivemind.DHT(
+            initial_peers=list(config.initial_peers) or None,
+            start=True,
+            record_validators=make_validators(run_id, signing_key),
+            **kwargs,
+        )
+    except Exception as e:
+        raise SwarmJoinError(_join_failure(config, e)) from e
+    swarm = Swarm(dht, run_id, signing_key, config)
+    logger.info(
+        "joined run %s as %s in %.1fs; others can join with --initial-peers %s",
+        run_id,
+        swarm.peer_id,
+        time.perf_counter() - start,
+        " ".join(swarm.visible_maddrs()),
+    )
+    return swarm
+
+
+def _join_failure(config: NetworkConfig, error: Exception) -> str:
+    if not config.initial_peers:
+        return (
+            f"could not start the local DHT ({type(error).__name__}: {error}); check that --host-maddrs "
+            f"{' '.join(config.host_maddrs)} can be bound and that nothing else holds the identity file"
+        )
+    return (
+        f"could not join the swarm through any of {', '.join(config.initial_peers)} "
+        f"({type(error).__name__}: {error}); check that these multiaddrs are current (the host prints them at start), "
+        "that the host is running, and that this machine can reach its address and port (a firewall, or a home "
+        "router without port forwarding on the host's side)"
+    )

@@ -1,0 +1,66 @@
+"""Bucket logic on the in-memory backend (the DHT backend is exercised by tests/test_swarm.py)."""
+
+import hashlib
+import time
+
+from peer.network.buckets import MemoryBucketStore, ids
+from peer.protocol import BUCKET_RING, Completion, GroupRecord, encode_tokens
+
+PID = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+
+
+def group(version: int, seq: int) -> GroupRecord:
+    return GroupRecord(
+        protocol_version=1,
+        version=version,
+        adapter_sha256=hashlib.sha256(b"%d" % version).hexdigest(),
+        producer=PID,
+        seq=seq,
+        task_seed=0,
+        task_index=seq,
+        prompt_ids=encode_tokens([1, 2, 3]),
+        completions=[Completion.of([4, 2], [-0.5, -0.1]) for _ in range(4)],
+        rewards=[0.0, 1.0, 0.0, 1.0],
+        created=time.time(),
+    )
+
+
+def test_each_peer_sees_every_peers_groups_in_the_version_range_once():
+    shared, now = {}, [1000.0]
+    a = MemoryBucketStore(b"ssh-rsa A", shared, clock=lambda: now[0])
+    b = MemoryBucketStore(b"ssh-rsa B", shared, clock=lambda: now[0])
+    for v in range(4):
+        a.publish(group(v, 0))
+        b.publish(group(v, 1))
+    got = b.fetch(1, 2)
+    assert sorted((f.owner, f.version, f.seq) for f in got) == [
+        (b"ssh-rsa A", 1, 0),
+        (b"ssh-rsa A", 2, 0),
+        (b"ssh-rsa B", 1, 1),
+        (b"ssh-rsa B", 2, 1),
+    ]
+    assert all(f.group is not None and f.error is None for f in got)
+    assert b.fetch(1, 2, seen=ids(got)) == []  # nothing twice
+    a.publish(group(2, 5))
+    assert [(f.owner, f.version, f.seq) for f in b.fetch(1, 2, seen=ids(got))] == [(b"ssh-rsa A", 2, 5)]
+    now[0] += a.expiration + 1
+    assert a.fetch(0, 3) == []  # entries expire by themselves
+
+
+def test_version_ranges_are_bounded_by_the_ring_and_empty_when_inverted():
+    store = MemoryBucketStore(b"ssh-rsa A")
+    store.publish(group(0, 0))
+    store.publish(group(BUCKET_RING + 5, 0))
+    assert [f.version for f in store.fetch(0, BUCKET_RING + 5)] == [BUCKET_RING + 5]  # older than a ring: not read
+    assert store.fetch(3, 2) == [] and store.fetch(-5, -1) == []
+
+
+def test_a_corrupt_entry_is_reported_not_raised():
+    store = MemoryBucketStore(b"ssh-rsa A")
+    store.publish(group(1, 0))
+    expires, data = store.entries[(b"ssh-rsa A", 1, 0)]
+    store.entries[(b"ssh-rsa A", 1, 0)] = (expires, data[:-7])
+    store.entries[(b"ssh-rsa A", 1, 9)] = (expires, data)  # says seq 0 inside, 9 outside
+    got = {f.seq: f for f in store.fetch(1, 1)}
+    assert got[0].group is None and "not valid msgpack" in got[0].error
+    assert got[9].group is None and "its entry 1.9" in got[9].error

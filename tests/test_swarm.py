@@ -1,0 +1,130 @@
+"""The swarm layer with real peers in real processes on loopback: joining, buckets, blobs, heartbeats, validators."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PEER = Path(__file__).parent / "procs" / "bucket_peer.py"
+pytestmark = pytest.mark.integration
+
+
+def wait_for(path: Path, procs, timeout: float = 120.0) -> dict:
+    deadline = time.time() + timeout
+    while not path.exists():
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(
+                    f"a peer exited with {p.returncode} before {path.name} appeared:\n"
+                    f"{p.stderr.read()[-3000:] if p.stderr else ''}"
+                )
+        if time.time() > deadline:
+            raise AssertionError(f"{path.name} did not appear within {timeout}s")
+        time.sleep(0.1)
+    return json.loads(path.read_text())
+
+
+@pytest.fixture
+def peers(tmp_path):
+    procs = []
+
+    def start(name, *args):
+        p = subprocess.Popen(
+            [sys.executable, str(PEER), str(tmp_path), name, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(p)
+        return p
+
+    try:
+        yield start, procs, tmp_path
+    finally:
+        (tmp_path / "stop").touch()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+@pytest.mark.timeout(240)
+def test_three_peers_see_each_others_groups_and_refuse_a_liars_records(peers):
+    start, procs, d = peers
+    start("a", "--groups", "3", "--big", "1", "--expect", "3")
+    a = wait_for(d / "a.addr", procs)
+    for name in ("b", "c"):
+        start(name, "--initial-peers", *a["maddrs"], "--groups", "3", "--expect", "3")
+    addrs = {n: wait_for(d / f"{n}.addr", procs) for n in ("b", "c")} | {"a": a}
+    start("liar", "--liar", "--initial-peers", *a["maddrs"], "--forge", a["owner"])
+    liar = wait_for(d / "liar.json", procs)
+    reports = {n: wait_for(d / f"{n}.json", procs) for n in ("a", "b", "c")}
+
+    owners = {addrs[n]["owner"] for n in "abc"}
+    expected = {(addrs[n]["owner"], seq % 2, seq) for n in "abc" for seq in range(3)} | {(a["owner"], 0, 3)}
+    for name, report in reports.items():
+        seen = {(o, v, s) for o, v, s, _ in report["groups"]}
+        assert seen == expected, f"{name} saw {sorted(seen)}"
+        assert {o for o, *_ in report["groups"]} == owners  # nothing from the liar's key
+        assert report["errors"] == [], report["errors"]
+        assert report["peers"] == sorted(addrs[n]["peer_id"] for n in "abc")
+        assert (report["rollout_peers"], report["learner_peers"]) == (3, 0)
+        # the forged entry under a's subkey changed nothing: a's group 0 still has a's own tokens
+        a0 = [t for o, v, s, t in report["groups"] if (o, v, s) == (a["owner"], 0, 0)]
+        assert a0 == [[3] * 5], a0
+        big = [t for o, v, s, t in report["groups"] if (o, v, s) == (a["owner"], 0, 3)]
+        assert big == [[6] * 1000], "the large group did not arrive through its blob"
+    assert liar["bad_schema"] is False and liar["bad_peer_record"] is False
+    assert liar.get("forged") is False
+
+
+def test_unreachable_initial_peer_is_one_clear_error():
+    from peer.network.swarm import NetworkConfig, SwarmJoinError, join
+
+    bogus = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWGC5z27ghG43a8Gy8UYaRniDcwNNRKzjcTztC7KggvzHK"
+    started = time.time()
+    with pytest.raises(SwarmJoinError, match="could not join the swarm through any of /ip4/127.0.0.1/tcp/9") as e:
+        join(NetworkConfig.loopback([bogus], bootstrap_timeout=5, startup_timeout=15), "run")
+    assert "check that these multiaddrs are current" in str(e.value)
+    assert time.time() - started < 60
+
+
+def test_oversized_record_is_refused_before_hivemind_and_the_dht_lives_on(tmp_path):
+    from peer.network.swarm import NetworkConfig, join
+    from peer.protocol import RecordTooLarge, owner_subkey, peers_key
+
+    with join(NetworkConfig.loopback(identity_path=str(tmp_path / "id")), "run") as swarm:
+        key = peers_key("run")
+        with pytest.raises(RecordTooLarge, match="over the"):
+            swarm.store(key, owner_subkey(swarm.public_key), {"x": b"\0" * 70_000}, time.time() + 30, "test record")
+        assert swarm.dht.is_alive()
+        assert swarm.dht.get("some-other-key") is None  # the DHT process still answers
+        first_peer_id, first_key = swarm.peer_id, swarm.public_key
+    with join(NetworkConfig.loopback(identity_path=str(tmp_path / "id")), "run") as again:
+        assert (again.peer_id, again.public_key) == (first_peer_id, first_key), "identity did not persist"
+
+
+def test_client_mode_peer_reads_and_writes_through_a_full_peer():
+    from peer.network.heartbeat import Heartbeat, live_peers
+    from peer.network.swarm import NetworkConfig, join
+
+    with join(NetworkConfig.loopback(), "run") as full:
+        with join(NetworkConfig.loopback(full.visible_maddrs(), client_mode=True), "run") as client:
+            assert client.dht.client_mode
+            beat = Heartbeat(client, "learner", interval=0.5).start()
+            try:
+                deadline = time.time() + 20
+                while not live_peers(full, role="learner") and time.time() < deadline:
+                    time.sleep(0.1)
+                [seen] = live_peers(full, role="learner")
+                assert seen.record.peer_id == str(client.peer_id) and seen.record.reachable is False
+                assert seen.owner == client.public_key
+            finally:
+                beat.stop()
+            assert [p.record.state for p in live_peers(full, include_leaving=True)] == ["leaving"]
+            assert live_peers(full) == []
