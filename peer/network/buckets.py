@@ -131,7 +131,7 @@ class DHTBucketStore(BucketStore):
         value = to_dht_value(entry)
         for attempt in range(self.store_attempts):
             # hivemind's DHT time is wall-clock time; a retry may extend, never shorten, the entry's life
-            if self.swarm.store(key, subkey, value, time.time() + self.expiration, "bucket entry"):
+            if self.swarm.store(key, subkey, value, time.time() + self.expiration, "bucket entry", all_replicas=False):
                 return
             logger.info("no DHT node took group %d.%d (attempt %d); retrying", group.version, group.seq, attempt + 1)
             time.sleep(0.5 * 2**attempt)

@@ -103,12 +103,17 @@ class Swarm:
     def visible_maddrs(self) -> list[str]:
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
-    def store(self, key: str, subkey: bytes, value: Any, expiration_time: float, what: str) -> bool:
-        """Store one record after checking its size against the DHT limit (before hivemind ever sees it)."""
+    def store(
+        self, key: str, subkey: bytes, value: Any, expiration_time: float, what: str, *, all_replicas: bool = True
+    ) -> bool:
+        """Store one record after checking its size against the DHT limit (before hivemind ever sees it).
+
+        ``all_replicas=False`` returns at the first replica that took it; the others are written in the background.
+        """
         from hivemind.utils.serializer import MSGPackSerializer
 
         check_value_size(MSGPackSerializer.dumps(value), what)
-        return bool(self.dht.store(key, value, expiration_time, subkey=subkey))
+        return bool(self.dht.store(key, value, expiration_time, subkey=subkey, await_all_replicas=all_replicas))
 
     def get_dict(self, key: str) -> dict:
         """The ``{subkey: ValueWithExpiration}`` dictionary under ``key`` (empty if none)."""
