@@ -1,6 +1,6 @@
 """Benchmark: blob transfer (``fetch_blob``) against raw hivemind binary streams of the same bytes.
 
-    python -m peer.network.blobs_bench [--size-mb 50] [--repeats 9] [--out bench.json]
+    python -m peer.bench.blobs [--size-mb 50] [--repeats 9] [--out bench.json]
 
 Two processes on this machine, each a ``hivemind.DHT`` peer on loopback with a ``BlobService``. The serving
 process holds one random blob, serves it with its BlobServer, and also registers two bare stream handlers that
@@ -121,7 +121,7 @@ async def _raw_api_read(p2p, peer) -> int:
 
 def _start_server(size: int, timeout: float = 60.0) -> tuple[subprocess.Popen, dict]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "peer.network.blobs_bench", "--serve", "--size-mb", str(size / 2**20)],
+        [sys.executable, "-m", "peer.bench.blobs", "--serve", "--size-mb", str(size / 2**20)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -222,7 +222,7 @@ def _table(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m peer.network.blobs_bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m peer.bench.blobs", description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=50.0, help="blob size in MiB (default 50)")
     parser.add_argument("--repeats", type=int, default=9, help="timed rounds, one transfer of each kind (default 9)")
     parser.add_argument("--out", type=Path, help="also write the results as JSON to this file")
