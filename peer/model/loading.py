@@ -124,8 +124,8 @@ def load_base(config: ModelConfig) -> LoadedBase:
         tokenizer = load_tokenizer(source, revision)
     except (OSError, ValueError) as e:
         raise ModelLoadError(
-            f"could not load model {config.name!r}: {e}. Pass 'bundled', a local model directory, or a hub id "
-            "this machine can download (check the network and the id's spelling)"
+            f"could not load model {config.name!r}: {str(e).rstrip('.')}. Pass 'bundled', a local model directory, "
+            "or a hub id this machine can download (check the network and the id's spelling)"
         ) from e
     disable_cpu_weight_repacking(model)
     model.requires_grad_(False)
