@@ -56,34 +56,31 @@ def _strict_bytes(value: Any) -> bytes:
     return value
 
 
-class OwnerSubkey(BytesWithPublicKey):
+class _ShapedSubkey(BytesWithPublicKey):
+    """hivemind's ``BytesWithPublicKey`` plus: strictly bytes, and of the shape the subclass's ``_parse`` accepts."""
+
+    @classmethod
+    def __get_validators__(cls):
+        yield _strict_bytes
+        yield from super().__get_validators__()
+        yield cls._shape
+
+    @classmethod
+    def _shape(cls, value: bytes) -> bytes:
+        cls._parse(value)
+        return value
+
+
+class OwnerSubkey(_ShapedSubkey):
     """A subkey that is exactly ``[owner:ssh-rsa ...]`` (a strict case of hivemind's ``BytesWithPublicKey``)."""
 
-    @classmethod
-    def __get_validators__(cls):
-        yield _strict_bytes
-        yield from super().__get_validators__()
-        yield cls._shape
-
-    @classmethod
-    def _shape(cls, value: bytes) -> bytes:
-        parse_owner_subkey(value)
-        return value
+    _parse = staticmethod(parse_owner_subkey)
 
 
-class GroupSubkey(BytesWithPublicKey):
+class GroupSubkey(_ShapedSubkey):
     """A bucket subkey ``[owner:ssh-rsa ...]<version>.<seq>`` (a strict case of ``BytesWithPublicKey``)."""
 
-    @classmethod
-    def __get_validators__(cls):
-        yield _strict_bytes
-        yield from super().__get_validators__()
-        yield cls._shape
-
-    @classmethod
-    def _shape(cls, value: bytes) -> bytes:
-        parse_group_subkey(value)
-        return value
+    _parse = staticmethod(parse_group_subkey)
 
 
 def _check_bucket(cls, value: dict[bytes, BucketEntry] | None, field: Any) -> dict[bytes, BucketEntry] | None:
