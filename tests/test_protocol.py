@@ -20,6 +20,7 @@ from peer.protocol.limits import (
     BUCKET_RING,
     MAX_COMPLETION_TOKENS,
     MAX_DHT_VALUE_BYTES,
+    MAX_GROUP_BATCH_BYTES,
     MAX_GROUP_BYTES,
     MAX_GROUP_SIZE,
     MAX_INLINE_GROUP_BYTES,
@@ -353,7 +354,7 @@ BAD = {
     "newer protocol": (G, _set("protocol_version", PROTOCOL_VERSION + 1)),
     "older protocol": (G, _set("protocol_version", PROTOCOL_VERSION - 1)),
     "float protocol": (G, _set("protocol_version", float(PROTOCOL_VERSION))),
-    "newer protocol inside entry": (lambda: BucketEntry.of_group(G()), _set("inline.protocol_version", 99)),
+    "newer protocol inside entry": (lambda: BucketEntry.of_group(G()), _set("inline.0.protocol_version", 99)),
     # sizes
     "prompt too long": (G, _set("prompt_ids", encode_tokens([1] * (MAX_PROMPT_TOKENS + 1)))),
     "empty prompt": (G, _set("prompt_ids", b"")),
@@ -377,7 +378,7 @@ BAD = {
     "long task config": (manifest, _set("task.config_json", json.dumps({"x": "y" * 4096}))),
     "long hardware": (heartbeat, _set("hardware", "x" * 129)),
     "huge blob": (pointer, lambda d: d.update(kind="adapter", size=16 * 1024**3 + 1)),
-    "huge group blob": (pointer, _set("size", MAX_GROUP_BYTES + 1)),
+    "huge group blob": (pointer, _set("size", MAX_GROUP_BATCH_BYTES + 1)),
     "zero-size adapter": (adapter, _set("size", 0)),
     # log-probs and tokens
     "nan log-prob": (G, _set("completions.0.logprobs", encode_floats([-0.5, math.nan, -0.5]))),
@@ -485,7 +486,7 @@ def test_construction_is_as_strict_as_parsing():
     with pytest.raises(pydantic.ValidationError):
         group(version=5.0)
     with pytest.raises(pydantic.ValidationError, match="exactly one"):
-        BucketEntry(version=1, seq=1, inline=None, pointer=None)
+        BucketEntry(version=1, seq=1, count=1, inline=None, pointer=None)
     with pytest.raises(pydantic.ValidationError, match="field required"):
         ModelSpec(name="bundled", quantization="nf4", files=manifest().model.files)
 
@@ -509,7 +510,7 @@ def test_an_oversized_record_never_reaches_the_dht():
         dht.store(keys.bucket_key("r", big.version), to_dht_value(big), expiration_time=time.time() + 60)
     dht.store.assert_not_called()
     assert not fits_inline(big)
-    with pytest.raises(pydantic.ValidationError, match="publish it as a blob"):
+    with pytest.raises(pydantic.ValidationError, match="publish them as a blob"):
         BucketEntry.of_group(big)
     assert len(pack(BucketEntry.of_pointer(pointer(size=len(pack(big))), big.version, big.seq))) < 1024
 

@@ -294,7 +294,7 @@ def test_a_peer_stores_its_own_signed_records_and_the_other_reads_them(swarm):
     assert from_dht_value(PeerRecord, seen[0]) == beat
     seen = wait_until(lambda: entries(b, keys.bucket_key(RUN, 3 + BUCKET_RING)).get(subkey), "A's group on B")
     parsed = from_dht_value(BucketEntry, seen[0])
-    assert parsed == entry and parsed.inline.completions[1].behaviour_logprobs() == [-0.5, -0.25]
+    assert parsed == entry and parsed.inline[0].completions[1].behaviour_logprobs() == [-0.5, -0.25]
 
 
 def test_a_bad_record_is_refused_and_never_visible(swarm):

@@ -25,8 +25,10 @@ from peer.errors import UserError
 from peer.log import get_logger
 from peer.protocol import (
     BUCKET_RING,
+    MAX_GROUPS_PER_ENTRY,
     BlobPointer,
     BucketEntry,
+    GroupBatch,
     GroupRecord,
     RecordError,
     bucket_key,
@@ -35,6 +37,7 @@ from peer.protocol import (
     group_subkey,
     pack,
     parse_group_subkey,
+    split_batches,
     to_dht_value,
     unpack,
 )
@@ -65,6 +68,11 @@ class BucketStore(abc.ABC):
     @abc.abstractmethod
     def publish(self, group: GroupRecord) -> None:
         """Make ``group`` visible to every reader of its version's bucket."""
+
+    def publish_many(self, groups: list[GroupRecord]) -> None:
+        """Publish several groups (backends may do it concurrently); raises if any could not be published."""
+        for group in groups:
+            self.publish(group)
 
     @abc.abstractmethod
     def fetch(self, min_version: int, max_version: int, seen: Container[GroupId] = ()) -> list[Fetched]:
@@ -115,30 +123,45 @@ class DHTBucketStore(BucketStore):
         self.fetch_timeout = fetch_timeout
 
     def publish(self, group: GroupRecord) -> None:
-        if fits_inline(group):
-            entry = BucketEntry.of_group(group)
+        self.publish_many([group])
+
+    def publish_many(self, groups: list[GroupRecord]) -> None:
+        """Store the groups as few entries (runs of consecutive seqs), concurrently; retry what no node took."""
+        pending = {(b[0].version, b[0].seq): self._item(b) for b in split_batches(groups)}
+        for attempt in range(self.store_attempts):
+            keys = list(pending)
+            # hivemind's DHT time is wall-clock time; a retry may extend, never shorten, an entry's life
+            items = [(k, sk, v, time.time() + self.expiration) for k, sk, v in (pending[i] for i in keys)]
+            for i, ok in zip(keys, self.swarm.store_many(items, "bucket entry", all_replicas=False), strict=True):
+                if ok:
+                    del pending[i]
+            if not pending:
+                return
+            logger.info("no DHT node took %d bucket entries (attempt %d); retrying", len(pending), attempt + 1)
+            time.sleep(0.5 * 2**attempt)
+        first = ", ".join(f"{v}.{s}" for v, s in list(pending)[:3])
+        raise UserError(
+            f"no DHT node accepted the groups from {first} after {self.store_attempts} attempts; check that this "
+            "peer still reaches the swarm (its log shows the DHT's errors)"
+        )
+
+    def _item(self, batch: list[GroupRecord]) -> tuple[str, bytes, dict]:
+        first = batch[0]
+        if fits_inline(batch):
+            entry = BucketEntry.of_groups(batch)
         else:
             if self.blobs is None:
                 raise UserError(
-                    f"group {group.version}.{group.seq} is too large to publish inline and no blob service"
+                    f"groups {first.version}.{first.seq}+{len(batch)} are too large to publish inline and this peer "
+                    "has no blob service"
                 )
-            data = pack(group)
+            data = pack(GroupBatch(groups=batch))
             sha = self.blobs.cache.put_bytes(data)
             pointer = BlobPointer(sha256=sha, size=len(data), providers=[str(self.swarm.peer_id)], kind="group")
-            entry = BucketEntry.of_pointer(pointer, group.version, group.seq)
-        key = bucket_key(self.swarm.run_id, group.version)
-        subkey = group_subkey(self.swarm.public_key, group.version, group.seq)
-        value = to_dht_value(entry)
-        for attempt in range(self.store_attempts):
-            # hivemind's DHT time is wall-clock time; a retry may extend, never shorten, the entry's life
-            if self.swarm.store(key, subkey, value, time.time() + self.expiration, "bucket entry", all_replicas=False):
-                return
-            logger.info("no DHT node took group %d.%d (attempt %d); retrying", group.version, group.seq, attempt + 1)
-            time.sleep(0.5 * 2**attempt)
-        raise UserError(
-            f"no DHT node accepted group {group.version}.{group.seq} after {self.store_attempts} attempts; check "
-            "that this peer still reaches the swarm (its log shows the DHT's errors)"
-        )
+            entry = BucketEntry.of_pointer(pointer, first.version, first.seq, len(batch))
+        key = bucket_key(self.swarm.run_id, first.version)
+        subkey = group_subkey(self.swarm.public_key, first.version, first.seq)
+        return key, subkey, to_dht_value(entry)
 
     def fetch(self, min_version: int, max_version: int, seen: Container[GroupId] = ()) -> list[Fetched]:
         out = []
@@ -148,20 +171,38 @@ class DHTBucketStore(BucketStore):
                     owner, v, seq = parse_group_subkey(subkey)
                 except (RecordError, UserError, ValueError):
                     continue  # the validators refuse such subkeys; nothing to attribute it to
-                if v != version or (owner, v, seq) in seen:  # another version sharing this ring slot
+                if v != version:  # another version sharing this ring slot
                     continue
-                out.append(self._read(owner, v, seq, item.value))
+                count = _count_of(item.value)
+                if all((owner, v, seq + i) in seen for i in range(count)):
+                    continue
+                out.extend(f for f in self._read(owner, v, seq, item.value) if f.id not in seen)
         return out
 
-    def _read(self, owner: bytes, version: int, seq: int, value) -> Fetched:
+    def count(self, min_version: int, max_version: int) -> int:
+        """Groups in the range by the entries' counts alone: no parsing, no blob fetch (cheap enough per batch)."""
+        total = 0
+        for version in _versions(min_version, max_version):
+            for subkey, item in self.swarm.get_dict(bucket_key(self.swarm.run_id, version)).items():
+                try:
+                    if parse_group_subkey(subkey)[1] == version:
+                        total += _count_of(item.value)
+                except (RecordError, UserError, ValueError):
+                    continue
+        return total
+
+    def _read(self, owner: bytes, version: int, seq: int, value) -> list[Fetched]:
+        count = _count_of(value)
         try:
             entry = from_dht_value(BucketEntry, value)
         except RecordError as e:
-            return Fetched(owner, version, seq, None, str(e))
+            return _refused(owner, version, seq, count, str(e))
         if entry.inline is not None:
-            return Fetched(owner, version, seq, entry.inline)
+            return [Fetched(owner, version, g.seq, g) for g in entry.inline]
         if self.blobs is None:
-            return Fetched(owner, version, seq, None, "group is a blob and this reader has no blob service")
+            return _refused(
+                owner, version, seq, entry.count, "the groups are a blob and this reader has no blob service"
+            )
         from hivemind.p2p import PeerID
 
         pointer = entry.pointer
@@ -169,8 +210,33 @@ class DHTBucketStore(BucketStore):
             providers = [PeerID.from_base58(p) for p in pointer.providers]
             path = self.blobs.fetch(pointer.sha256, pointer.size, providers, timeout=self.fetch_timeout)
         except (UserError, ValueError) as e:
-            return Fetched(owner, version, seq, None, f"group blob unavailable: {e}")
-        return _parse_packed(owner, version, seq, path.read_bytes())
+            return _refused(owner, version, seq, entry.count, f"group blob unavailable: {e}")
+        try:
+            batch = unpack(GroupBatch, path.read_bytes())
+        except RecordError as e:
+            return _refused(owner, version, seq, entry.count, str(e))
+        first = batch.groups[0]
+        if (first.version, first.seq, len(batch.groups)) != (version, seq, entry.count):
+            return _refused(
+                owner,
+                version,
+                seq,
+                entry.count,
+                f"blob holds {first.version}.{first.seq}+{len(batch.groups)}, its entry {version}.{seq}+{entry.count}",
+            )
+        return [Fetched(owner, version, g.seq, g) for g in batch.groups]
+
+
+def _count_of(value) -> int:
+    """The entry's group count as stored (1 when unreadable: the parse then reports what is wrong)."""
+    count = value.get("count") if isinstance(value, dict) else None
+    return (
+        count if isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= MAX_GROUPS_PER_ENTRY else 1
+    )
+
+
+def _refused(owner: bytes, version: int, seq: int, count: int, error: str) -> list[Fetched]:
+    return [Fetched(owner, version, seq + i, None, error) for i in range(count)]
 
 
 def _parse_packed(owner: bytes, version: int, seq: int, data: bytes) -> Fetched:

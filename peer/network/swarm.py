@@ -115,6 +115,23 @@ class Swarm:
         check_value_size(MSGPackSerializer.dumps(value), what)
         return bool(self.dht.store(key, value, expiration_time, subkey=subkey, await_all_replicas=all_replicas))
 
+    def store_many(
+        self, items: list[tuple[str, bytes, Any, float]], what: str, *, all_replicas: bool = True
+    ) -> list[bool]:
+        """Store several ``(key, subkey, value, expiration_time)`` records at once (each size-checked first).
+
+        The stores run concurrently in the DHT process; one call costs about as much as a single store.
+        """
+        from hivemind.utils.serializer import MSGPackSerializer
+
+        for _, _, value, _ in items:
+            check_value_size(MSGPackSerializer.dumps(value), what)
+        futures = [
+            self.dht.store(key, value, expiration, subkey=subkey, await_all_replicas=all_replicas, return_future=True)
+            for key, subkey, value, expiration in items
+        ]
+        return [bool(f.result()) for f in futures]
+
     def get_dict(self, key: str) -> dict:
         """The ``{subkey: ValueWithExpiration}`` dictionary under ``key`` (empty if none)."""
         found = self.dht.get(key, latest=True)

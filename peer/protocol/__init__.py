@@ -12,8 +12,10 @@
 
 Publishing a group, in short::
 
-    entry = BucketEntry.of_group(group) if fits_inline(group) else BucketEntry.of_pointer(pointer, v, seq)
+    entry = BucketEntry.of_groups(groups) if fits_inline(groups) else BucketEntry.of_pointer(pointer, v, seq, n)
     dht.store(bucket_key(run, v), to_dht_value(entry), expiration_time=..., subkey=group_subkey(pub, v, seq))
+
+(``groups``: consecutive seqs ``seq .. seq + n - 1`` of one version; the pointer's blob is a packed ``GroupBatch``)
 
 and reading one back: ``from_dht_value(BucketEntry, item.value)`` for each subkey, keeping entries whose
 ``version`` is the one wanted. Everything read is untrusted: parse it, never unpickle it. See docs/protocol.md.
@@ -38,8 +40,10 @@ from peer.protocol.limits import (
     MAX_BLOB_BYTES,
     MAX_COMPLETION_TOKENS,
     MAX_DHT_VALUE_BYTES,
+    MAX_GROUP_BATCH_BYTES,
     MAX_GROUP_BYTES,
     MAX_GROUP_SIZE,
+    MAX_GROUPS_PER_ENTRY,
     MAX_INLINE_GROUP_BYTES,
     MAX_PROMPT_TOKENS,
     MAX_PROVIDERS,
@@ -51,6 +55,7 @@ from peer.protocol.records import (
     BlobPointer,
     BucketEntry,
     Completion,
+    GroupBatch,
     GroupRecord,
     ManifestRecord,
     MetricsRecord,
@@ -65,6 +70,7 @@ from peer.protocol.records import (
     fits_inline,
     from_dht_value,
     pack,
+    split_batches,
     to_dht_value,
     unpack,
 )
@@ -75,7 +81,9 @@ __all__ = [
     "MAX_BLOB_BYTES",
     "MAX_COMPLETION_TOKENS",
     "MAX_DHT_VALUE_BYTES",
+    "MAX_GROUP_BATCH_BYTES",
     "MAX_GROUP_BYTES",
+    "MAX_GROUPS_PER_ENTRY",
     "MAX_GROUP_SIZE",
     "MAX_INLINE_GROUP_BYTES",
     "MAX_PROMPT_TOKENS",
@@ -86,6 +94,7 @@ __all__ = [
     "BlobPointer",
     "BucketEntry",
     "Completion",
+    "GroupBatch",
     "GroupRecord",
     "KeyFormatError",
     "ManifestRecord",
@@ -114,6 +123,7 @@ __all__ = [
     "metrics_key",
     "owner_subkey",
     "pack",
+    "split_batches",
     "parse_group_subkey",
     "parse_owner_subkey",
     "peers_key",

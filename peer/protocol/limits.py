@@ -11,11 +11,14 @@ process through a non-blocking pipe, and a value over about 64 KB kills that pro
 * :data:`MAX_PROMPT_TOKENS` / :data:`MAX_COMPLETION_TOKENS` — tokens of a group's prompt / of each completion.
 * :data:`BUCKET_ENTRY_OVERHEAD_BYTES` — what a bucket entry adds around an inline group (its version, seq and
   field names take under 100 bytes; the rest is slack).
-* :data:`MAX_INLINE_GROUP_BYTES` — a packed group up to this size travels inline in its bucket entry; a larger
-  one is stored as a blob and the entry holds a pointer (sha256, size, providers). It is the DHT value budget
+* :data:`MAX_INLINE_GROUP_BYTES` — packed groups up to this size in all travel inline in their bucket entry; more
+  are stored as a blob and the entry holds a pointer (sha256, size, providers). It is the DHT value budget
   minus the entry overhead, so an inline entry always fits.
 * :data:`MAX_GROUP_BYTES` — the largest packed group at all (G, prompt and completion caps at their maximum come
   to about 540 KB); a group blob announced as larger is refused without fetching it.
+* :data:`MAX_GROUPS_PER_ENTRY` — groups one bucket entry carries (a rollout peer publishes a batch at a time: one
+  DHT store, and one entry for every other peer to validate, per batch instead of per group).
+* :data:`MAX_GROUP_BATCH_BYTES` — a packed batch of groups published as a blob (a pointer entry).
 * :data:`MAX_BLOB_BYTES` — any blob: base-model files, adapters, groups. 16 GiB fits a 7B model in bf16 per file.
 * :data:`MAX_PROVIDERS` — peer ids listed as providers of one blob or adapter.
 * :data:`MAX_RUN_ID_LEN` / :data:`RUN_ID_PATTERN` — run ids are 1-64 characters of ``[A-Za-z0-9_-]``: they
@@ -42,6 +45,8 @@ MAX_COMPLETION_TOKENS = 1024
 BUCKET_ENTRY_OVERHEAD_BYTES = 1024
 MAX_INLINE_GROUP_BYTES = MAX_DHT_VALUE_BYTES - BUCKET_ENTRY_OVERHEAD_BYTES
 MAX_GROUP_BYTES = 1024 * 1024
+MAX_GROUPS_PER_ENTRY = 64
+MAX_GROUP_BATCH_BYTES = 4 * MAX_GROUP_BYTES
 MAX_BLOB_BYTES = 16 * 1024**3
 MAX_PROVIDERS = 32
 MAX_RUN_ID_LEN = 64

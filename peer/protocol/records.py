@@ -34,8 +34,10 @@ from peer.protocol.codec import (
 from peer.protocol.limits import (
     MAX_BLOB_BYTES,
     MAX_COMPLETION_TOKENS,
+    MAX_GROUP_BATCH_BYTES,
     MAX_GROUP_BYTES,
     MAX_GROUP_SIZE,
+    MAX_GROUPS_PER_ENTRY,
     MAX_INLINE_GROUP_BYTES,
     MAX_INT,
     MAX_JSON_CHARS,
@@ -59,6 +61,7 @@ __all__ = [
     "BlobPointer",
     "BucketEntry",
     "Completion",
+    "GroupBatch",
     "GroupRecord",
     "ManifestRecord",
     "MetricsRecord",
@@ -71,6 +74,7 @@ __all__ = [
     "encode_floats",
     "encode_tokens",
     "fits_inline",
+    "split_batches",
     "from_dht_value",
     "pack",
     "to_dht_value",
@@ -343,6 +347,29 @@ class GroupRecord(_Record):
         return decode_tokens(self.prompt_ids)
 
 
+class GroupBatch(_Record):
+    """Groups of one version with consecutive seqs, as one bucket entry holds them (and a pointer's blob packs)."""
+
+    max_packed_bytes: ClassVar[int] = MAX_GROUP_BATCH_BYTES
+
+    groups: pydantic.conlist(GroupRecord, min_items=1, max_items=MAX_GROUPS_PER_ENTRY)
+
+    @pydantic.validator("groups")
+    def _consecutive(cls, value: list[GroupRecord]) -> list[GroupRecord]:
+        _check_consecutive(value)
+        return value
+
+
+def _check_consecutive(groups: list[GroupRecord]) -> None:
+    first = groups[0]
+    for i, group in enumerate(groups):
+        if (group.version, group.seq) != (first.version, first.seq + i):
+            raise ValueError(
+                f"groups of one entry must share a version and have consecutive seqs: group {i} is "
+                f"{group.version}.{group.seq}, expected {first.version}.{first.seq + i}"
+            )
+
+
 class BlobPointer(_Record):
     """Where to fetch a content-addressed blob: its sha256, size, who serves it, and what it is."""
 
@@ -355,26 +382,51 @@ class BlobPointer(_Record):
 
     @pydantic.root_validator(skip_on_failure=True)
     def _group_size(cls, values: dict[str, Any]) -> dict[str, Any]:
-        if values["kind"] == "group" and values["size"] > MAX_GROUP_BYTES:
-            raise ValueError(f"a group blob is at most {MAX_GROUP_BYTES} bytes, got {values['size']}")
+        if values["kind"] == "group" and values["size"] > MAX_GROUP_BATCH_BYTES:
+            raise ValueError(f"a group batch blob is at most {MAX_GROUP_BATCH_BYTES} bytes, got {values['size']}")
         return values
 
 
-def fits_inline(group: GroupRecord) -> bool:
-    """Whether ``group`` is small enough to travel inside its bucket entry (else: a blob and a pointer)."""
-    return len(pack(group)) <= MAX_INLINE_GROUP_BYTES
+def fits_inline(groups: GroupRecord | list[GroupRecord]) -> bool:
+    """Whether ``groups`` are small enough to travel inside one bucket entry (else: a blob and a pointer)."""
+    groups = [groups] if isinstance(groups, GroupRecord) else groups
+    return sum(len(pack(g)) for g in groups) <= MAX_INLINE_GROUP_BYTES
+
+
+def split_batches(groups: list[GroupRecord], budget: int = MAX_INLINE_GROUP_BYTES) -> list[list[GroupRecord]]:
+    """Split groups (sorted by version, seq) into runs of one version and consecutive seqs, each at most
+    ``MAX_GROUPS_PER_ENTRY`` groups and — where the groups allow — ``budget`` packed bytes."""
+    out: list[list[GroupRecord]] = []
+    size = 0
+    for group in sorted(groups, key=lambda g: (g.version, g.seq)):
+        n = len(pack(group))
+        last = out[-1][-1] if out else None
+        if (
+            last is None
+            or (group.version, group.seq) != (last.version, last.seq + 1)
+            or len(out[-1]) >= MAX_GROUPS_PER_ENTRY
+            or size + n > budget
+        ):
+            out.append([group])
+            size = n
+        else:
+            out[-1].append(group)
+            size += n
+    return out
 
 
 class BucketEntry(_Record):
-    """One entry of a bucket: a group inline, or a pointer to the group's blob; never both.
+    """One entry of a bucket: ``count`` groups of ``version`` with seqs ``seq .. seq + count - 1``, inline, or a
+    pointer to their packed :class:`GroupBatch`; never both.
 
-    ``version`` and ``seq`` repeat the group's (and the subkey's, which the DHT validator checks) so that a pointer
-    entry can be filtered and deduplicated before its blob is fetched.
+    ``version``, ``seq`` and ``count`` repeat the groups' (and the subkey's, which the DHT validator checks) so that
+    a pointer entry can be filtered, counted and deduplicated before its blob is fetched.
     """
 
     version: Count
     seq: Count
-    inline: GroupRecord | None = pydantic.Field(...)
+    count: pydantic.conint(strict=True, ge=1, le=MAX_GROUPS_PER_ENTRY)
+    inline: pydantic.conlist(GroupRecord, min_items=1, max_items=MAX_GROUPS_PER_ENTRY) | None = pydantic.Field(...)
     pointer: BlobPointer | None = pydantic.Field(...)
 
     @pydantic.root_validator(skip_on_failure=True)
@@ -383,26 +435,31 @@ class BucketEntry(_Record):
         if (inline is None) == (pointer is None):
             raise ValueError("a bucket entry holds exactly one of inline or pointer")
         if inline is not None:
-            if (inline.version, inline.seq) != (values["version"], values["seq"]):
-                raise ValueError("version and seq must equal the inline group's")
-            size = len(pack(inline))
+            _check_consecutive(inline)
+            if (inline[0].version, inline[0].seq, len(inline)) != (values["version"], values["seq"], values["count"]):
+                raise ValueError("version, seq and count must equal the inline groups'")
+            size = sum(len(pack(g)) for g in inline)
             if size > MAX_INLINE_GROUP_BYTES:
                 raise ValueError(
-                    f"the inline group is {size} bytes packed, over {MAX_INLINE_GROUP_BYTES}; publish it as a blob"
+                    f"the inline groups are {size} bytes packed, over {MAX_INLINE_GROUP_BYTES}; publish them as a blob"
                 )
         elif pointer.kind != "group":
             raise ValueError(f"a bucket entry must point to a group blob, got kind {pointer.kind!r}")
         return values
 
     @classmethod
-    def of_group(cls, group: GroupRecord) -> "BucketEntry":
-        """The entry holding ``group`` inline (check :func:`fits_inline` first)."""
-        return cls(version=group.version, seq=group.seq, inline=group, pointer=None)
+    def of_groups(cls, groups: list[GroupRecord]) -> "BucketEntry":
+        """The entry holding ``groups`` inline (one version, consecutive seqs; check :func:`fits_inline` first)."""
+        return cls(version=groups[0].version, seq=groups[0].seq, count=len(groups), inline=list(groups), pointer=None)
 
     @classmethod
-    def of_pointer(cls, pointer: BlobPointer, version: int, seq: int) -> "BucketEntry":
-        """The entry pointing to the blob of group ``(version, seq)``."""
-        return cls(version=version, seq=seq, inline=None, pointer=pointer)
+    def of_group(cls, group: GroupRecord) -> "BucketEntry":
+        return cls.of_groups([group])
+
+    @classmethod
+    def of_pointer(cls, pointer: BlobPointer, version: int, seq: int, count: int = 1) -> "BucketEntry":
+        """The entry pointing to the blob of the ``count`` groups from ``version.seq`` (a packed GroupBatch)."""
+        return cls(version=version, seq=seq, count=count, inline=None, pointer=pointer)
 
 
 # ---------------------------------------------------------------------------------------------------- metrics

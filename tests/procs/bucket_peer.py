@@ -138,7 +138,7 @@ def liar(out: Path, args):
         if args.forge:
             victim = bytes.fromhex(args.forge)
             forged = BucketEntry.of_group(make_group(str(dht.peer_id), 0, 0)).dict()
-            forged["inline"]["rewards"] = [1.0] * 8
+            forged["inline"][0]["rewards"] = [1.0] * 8
             # the subkey names the victim's key, but the signature can only be the liar's own (or none)
             results["forged"] = dht.store(bucket_key(RUN, 0), forged, expires, subkey=group_subkey(victim, 0, 0))
         (out / f"{args.name}.json").write_text(json.dumps(results))
