@@ -60,8 +60,71 @@ def _task_options(f):
     return f
 
 
+def _network_options(f):
+    f = click.option("--no-relay", is_flag=True, help="Do not use libp2p relays (closed networks).")(f)
+    f = click.option(
+        "--client-mode", is_flag=True, help="Query the DHT without serving it (for peers nobody can reach)."
+    )(f)
+    f = click.option(
+        "--identity", type=click.Path(dir_okay=False), default=None, help="File keeping this peer's identity."
+    )(f)
+    f = click.option(
+        "--announce-maddrs", multiple=True, help="Public multiaddrs to announce (a port forwarded on the router)."
+    )(f)
+    f = click.option(
+        "--host-maddrs", multiple=True, help="Where to listen (default /ip4/0.0.0.0/tcp/0); repeat for several."
+    )(f)
+    f = click.option(
+        "--initial-peers", multiple=True, help="Multiaddr of a peer in the swarm (as the host prints it); repeat."
+    )(f)
+    return f
+
+
+def _network_config(initial_peers, host_maddrs, announce_maddrs, identity, client_mode, no_relay):
+    from peer.network.swarm import NetworkConfig
+
+    peers = tuple(m for value in initial_peers for m in value.split())
+    options = dict(initial_peers=peers, announce_maddrs=tuple(announce_maddrs), identity_path=identity)
+    if host_maddrs:
+        options["host_maddrs"] = tuple(host_maddrs)
+    return NetworkConfig(client_mode=client_mode, use_relay=not no_relay, use_auto_relay=not no_relay, **options)
+
+
+def _stop_on_signals(stop) -> None:
+    """SIGINT/SIGTERM call ``stop()`` (installed once the DHT's child processes exist, so only this one reacts)."""
+    import signal
+
+    def handler(signum, frame):
+        click.echo(f"{signal.Signals(signum).name}: stopping after the current batch", err=True)
+        stop()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+COMMAND_GROUP = "hivegrpo.commands"
+
+
+def _plugin_commands() -> dict:
+    """Commands other packages register under the entry-point group ``hivegrpo.commands`` (``host`` lives in
+    the coordinator package, which this one never imports)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP)}
+
+
 class _Group(click.Group):
-    """Prints a user-fixable error as one line (``Error: ...``, exit 1) instead of a traceback."""
+    """Prints a user-fixable error as one line (``Error: ...``, exit 1) instead of a traceback; adds the
+    registered commands of other packages."""
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(_plugin_commands()))
+
+    def get_command(self, ctx, name):
+        command = super().get_command(ctx, name)
+        if command is None and name in (plugins := _plugin_commands()):
+            command = plugins[name].load()
+        return command
 
     def invoke(self, ctx):
         from peer.errors import UserError
@@ -91,6 +154,77 @@ def demo() -> None:
         err=True,
     )
     sys.exit(1)
+
+
+@main.command("join")
+@_network_options
+@click.option("--run-id", required=True, help="The run to join, as the host printed it.")
+@click.option("--coordinator", default=None, help="Fingerprint of the host's key, as the host printed it.")
+@click.option(
+    "--quantization",
+    type=click.Choice(["nf4", "int8", "none"]),
+    default=None,
+    help="Base weights as nf4/int8 (bitsandbytes) or none. Default: what the run's manifest says.",
+)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option(
+    "--batch-size",
+    default="auto",
+    show_default=True,
+    help="Prompts per generation batch, or 'auto' (fits free memory).",
+)
+@click.option("--max-groups", type=click.IntRange(1), default=None, help="Stop after publishing this many groups.")
+@click.option(
+    "--max-inflight",
+    type=click.IntRange(1),
+    default=None,
+    help="Pause while the newest version's bucket holds this many groups. Default: 2x the learners' batch.",
+)
+@click.option("--cache-dir", type=click.Path(file_okay=False), default="~/.cache/hivegrpo", show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (CPU).")
+@click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object.")
+def join_cmd(
+    run_id,
+    coordinator,
+    quantization,
+    device,
+    batch_size,
+    max_groups,
+    max_inflight,
+    cache_dir,
+    threads,
+    as_json,
+    **network,
+):
+    """Join a swarm as a rollout peer: generate and score GRPO groups with the newest adapter."""
+    from pathlib import Path
+
+    if batch_size != "auto" and not (batch_size.isdigit() and int(batch_size) >= 1):
+        raise click.BadParameter(
+            f"must be a positive integer or 'auto', got {batch_size!r}", param_hint="--batch-size"
+        )
+    _threads(threads)
+    from peer.roles.rollout import RolloutConfig, run_rollout
+
+    config = RolloutConfig(
+        run_id=run_id,
+        network=_network_config(**network),
+        coordinator=coordinator,
+        quantization=quantization,
+        device=device,
+        batch_size=None if batch_size == "auto" else int(batch_size),
+        max_groups=max_groups,
+        max_inflight=max_inflight,
+        cache_dir=Path(cache_dir).expanduser(),
+    )
+    result = run_rollout(config, on_ready=lambda peer: _stop_on_signals(peer.request_stop))
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(
+            f"published {result['published']} groups ({result['completions']} completions, "
+            f"{result['completions_per_second']:.1f}/s) with adapter versions {result['versions_used']}"
+        )
 
 
 @main.command("eval")

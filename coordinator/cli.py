@@ -1,0 +1,64 @@
+"""The coordinator's commands (``hivegrpo host``), registered with the ``hivegrpo`` command as an entry point."""
+
+from __future__ import annotations
+
+import click
+
+from peer.cli import _network_config, _network_options, _stop_on_signals, _task_config, _task_options, _threads
+
+
+@click.command("host")
+@_network_options
+@click.option("--run-id", required=True, help="Name of the run (letters, digits, '_' and '-').")
+@click.option("--model", default="bundled", show_default=True, help="'bundled', a model directory or a hub id.")
+@click.option("--revision", default=None, help="Hub revision of --model.")
+@click.option("--quantization", type=click.Choice(["nf4", "int8", "none"]), default="nf4", show_default=True)
+@_task_options
+@click.option("--seed", type=int, default=0, show_default=True, help="Run seed: every prompt derives from it.")
+@click.option("--group-size", type=click.IntRange(2, 64), default=8, show_default=True)
+@click.option("--groups-per-version", type=click.IntRange(1, 4096), default=16, show_default=True)
+@click.option("--cache-dir", type=click.Path(file_okay=False), default="~/.cache/hivegrpo", show_default=True)
+@click.option("--info-file", type=click.Path(dir_okay=False), default=None, help="Write the join details as JSON.")
+def host_cmd(
+    run_id,
+    model,
+    revision,
+    quantization,
+    task,
+    task_config,
+    seed,
+    group_size,
+    groups_per_version,
+    cache_dir,
+    info_file,
+    **network,
+):
+    """Host a swarm: publish the run, seed the base model and adapter v0, print the line others paste."""
+    from pathlib import Path
+
+    _threads(1)
+    from coordinator.host import Host, HostConfig
+    from coordinator.manifest import RunSettings
+    from peer.grpo import SamplingConfig
+
+    settings = RunSettings(
+        run_id=run_id,
+        model=model,
+        revision=revision,
+        quantization=quantization,
+        task=task,
+        task_config=_task_config(task_config),
+        sampling=SamplingConfig(group_size=group_size),
+        groups_per_version=groups_per_version,
+        seed=seed,
+    )
+    host = Host(HostConfig(settings, _network_config(**network), cache_dir=Path(cache_dir).expanduser()))
+    try:
+        host.start()
+        if info_file:
+            host.write_info(info_file)
+        click.echo(f"hosting run {run_id}. Rollout peers join with:\n  {host.join_command('join')}")
+        _stop_on_signals(host.request_stop)
+        host.wait()
+    finally:
+        host.close()

@@ -1,0 +1,156 @@
+"""The coordinator (``hivegrpo host``): the swarm's bootstrap peer, which publishes the run and seeds its files.
+
+:class:`Host` joins (or starts) the swarm with a stable identity, serves the base model's files and adapter v0
+from its blob cache, publishes the manifest and the v0 announcement, heartbeats as ``coordinator``, and re-stores
+both records well before they expire. It is not on the hot path: rollout peers and learners talk to each other.
+:meth:`Host.join_command` is the line others paste.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coordinator.manifest import RunSettings, build_manifest, model_folder
+from peer.errors import UserError
+from peer.log import get_logger
+from peer.network.swarm import NetworkConfig
+from peer.protocol import manifest_key, owner_subkey, to_dht_value
+from peer.roles.adapters import announce_adapter
+from peer.roles.rollout import default_cache_dir
+from peer.roles.run import key_fingerprint
+
+logger = get_logger(__name__)
+
+MANIFEST_TTL = 3600.0
+REFRESH_INTERVAL = 300.0
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    settings: RunSettings
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    refresh_interval: float = REFRESH_INTERVAL
+    heartbeat_interval: float = 10.0
+
+
+def adapter_v0(folder: Path, settings: RunSettings) -> bytes:
+    """Adapter version 0: the LoRA initialisation of the run's config on its base, as bytes."""
+    import torch
+
+    from peer.model.adapter import adapter_to_bytes, attach_lora
+    from peer.model.config import ModelConfig
+    from peer.model.loading import load_base
+
+    with torch.no_grad():
+        base = load_base(ModelConfig(name=str(folder), quantization=settings.quantization, device="cpu"))
+        return adapter_to_bytes(attach_lora(base.model, settings.lora))
+
+
+class Host:
+    def __init__(self, config: HostConfig):
+        self.config = config
+        self.swarm = self.blobs = self.heartbeat = self.manifest = None
+        self._closers: list = []
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
+
+    def start(self) -> Host:
+        from peer.network.blobs import BlobCache, BlobService
+        from peer.network.heartbeat import Heartbeat
+        from peer.network.swarm import join
+
+        c, s = self.config, self.config.settings
+        folder = model_folder(s.model, s.revision)
+        v0 = adapter_v0(folder, s)
+        self.swarm = join(c.network, s.run_id)
+        self._closers.append(self.swarm.shutdown)
+        self.blobs = BlobService(self.swarm.dht, BlobCache(c.cache_dir / "blobs"))
+        self._closers.append(self.blobs.close)
+        self.manifest = build_manifest(s, folder, self.blobs.cache.put_bytes(v0), str(self.swarm.peer_id))
+        for f in self.manifest.model.files:
+            self.blobs.cache.adopt(folder / f.path, sha256=f.sha256)
+        self._v0 = v0
+        self._publish()
+        self.heartbeat = Heartbeat(self.swarm, "coordinator", interval=c.heartbeat_interval)
+        self.heartbeat.update(adapter_version=0, state="running")
+        self.heartbeat.start()
+        self._closers.append(lambda: self.heartbeat.stop(leaving=True))
+        self._refresher = threading.Thread(target=self._refresh, name="manifest-refresh", daemon=True)
+        self._refresher.start()
+        self._closers.append(self._stop_refresher)
+        logger.info("hosting run %s; others join with:\n  %s", s.run_id, self.join_command())
+        return self
+
+    def _publish(self) -> None:
+        stored = self.swarm.store(
+            manifest_key(self.swarm.run_id),
+            owner_subkey(self.swarm.public_key),
+            to_dht_value(self.manifest),
+            time.time() + MANIFEST_TTL,
+            "manifest",
+        )
+        if not stored:
+            raise UserError("no DHT node accepted the run manifest; check --host-maddrs and the network")
+        announce_adapter(self.swarm, self.blobs, 0, self._v0, "", ttl=MANIFEST_TTL)
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(self.config.refresh_interval):
+            try:
+                self._publish()
+            except Exception as e:  # the network boundary: try again next round
+                logger.warning("could not refresh the manifest: %s", e)
+
+    def _stop_refresher(self) -> None:
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.join(timeout=10)
+
+    @property
+    def fingerprint(self) -> str:
+        return key_fingerprint(self.swarm.public_key)
+
+    def info(self) -> dict:
+        return {
+            "run_id": self.swarm.run_id,
+            "initial_peers": self.swarm.visible_maddrs(),
+            "coordinator": self.fingerprint,
+            "invite": None,
+        }
+
+    def join_command(self, role: str = "join") -> str:
+        info = self.info()
+        peers = " ".join(f"--initial-peers {m}" for m in info["initial_peers"])
+        return f"hivegrpo {role} {peers} --run-id {info['run_id']} --coordinator {info['coordinator']}"
+
+    def write_info(self, path: Path | str) -> None:
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.info(), indent=2))
+        tmp.replace(path)
+
+    def wait(self) -> None:
+        """Serve until :meth:`request_stop`."""
+        while not self._stop.wait(1.0):
+            pass
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        while self._closers:
+            closer = self._closers.pop()
+            try:
+                closer()
+            except Exception as e:  # shutting down: say it, go on with the rest
+                logger.warning("while stopping: %s", e)
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,173 @@
+"""Following adapter versions: read the learners' announcements, pick the newest, prefetch its blob.
+
+Learners announce under ``{run}_adapter`` (one owner subkey each) the newest version they hold: its number,
+sha256, size and the peers that serve it. :func:`newest_announcement` picks the highest version; when announcers
+disagree about that version's bytes, the sha256 announced by the most signers wins (ties: the earliest). An
+:class:`AdapterFollower` thread polls the table and fetches the blob of anything newer than what the peer runs,
+so that the sampling loop only has to copy tensors between two batches. The blob is verified (sha256) by the
+transfer and again, after the swap, by hashing the adapter the model actually holds (see :mod:`peer.roles.rollout`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from peer.errors import UserError
+from peer.log import get_logger
+from peer.protocol import (
+    MAX_PROVIDERS,
+    AdapterRecord,
+    RecordError,
+    adapter_key,
+    from_dht_value,
+    owner_subkey,
+    parse_owner_subkey,
+    to_dht_value,
+)
+
+logger = get_logger(__name__)
+
+
+ANNOUNCEMENT_TTL = 600.0
+
+
+def announce_adapter(
+    swarm, blobs, version: int, blob: bytes, parent_sha256: str, ttl: float = ANNOUNCEMENT_TTL
+) -> AdapterRecord:
+    """Serve ``blob`` from this peer's cache and announce it as adapter ``version`` under this peer's subkey."""
+    sha = blobs.cache.put_bytes(blob)
+    record = AdapterRecord(
+        version=version,
+        sha256=sha,
+        parent_sha256=parent_sha256,
+        size=len(blob),
+        providers=[str(swarm.peer_id)],
+        created=time.time(),
+        learner=str(swarm.peer_id),
+    )
+    stored = swarm.store(
+        adapter_key(swarm.run_id),
+        owner_subkey(swarm.public_key),
+        to_dht_value(record),
+        time.time() + ttl,
+        "adapter announcement",
+    )
+    if not stored:
+        raise UserError(f"no DHT node accepted the announcement of adapter v{version}; check this peer's connection")
+    return record
+
+
+@dataclass(frozen=True)
+class Announcement:
+    version: int
+    sha256: str
+    size: int
+    providers: tuple[str, ...]  # base58 peer ids
+    announcers: int
+
+
+def announcements(swarm) -> list[tuple[bytes, AdapterRecord]]:
+    """Every well-formed adapter announcement of the run with the key that signed it."""
+    out = []
+    for subkey, item in swarm.get_dict(adapter_key(swarm.run_id)).items():
+        try:
+            out.append((parse_owner_subkey(subkey), from_dht_value(AdapterRecord, item.value)))
+        except (RecordError, ValueError):
+            continue
+    return out
+
+
+def newest_announcement(records: list[tuple[bytes, AdapterRecord]]) -> Announcement | None:
+    if not records:
+        return None
+    top = max(r.version for _, r in records)
+    by_sha: dict[tuple[str, int], list[AdapterRecord]] = defaultdict(list)
+    for _, record in records:
+        if record.version == top:
+            by_sha[(record.sha256, record.size)].append(record)
+    (sha, size), chosen = max(by_sha.items(), key=lambda kv: (len(kv[1]), -min(r.created for r in kv[1])))
+    providers = tuple(dict.fromkeys(p for r in sorted(chosen, key=lambda r: r.created) for p in r.providers))
+    return Announcement(top, sha, size, providers[:MAX_PROVIDERS], len(chosen))
+
+
+class AdapterFollower:
+    """Poll the announcements every ``interval`` seconds; prefetch the blob of a version newer than ``held``."""
+
+    def __init__(self, swarm, blobs, held_version: int, *, interval: float = 0.5, fetch_timeout: float = 30.0):
+        self.swarm = swarm
+        self.blobs = blobs
+        self.interval = interval
+        self.fetch_timeout = fetch_timeout
+        self.held_version = held_version
+        self.latest_seen: Announcement | None = None
+        self._ready: tuple[Announcement, bytes, float] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="adapter-follower", daemon=True)
+
+    def start(self) -> AdapterFollower:
+        self._thread.start()
+        return self
+
+    def take(self) -> tuple[Announcement, bytes, float] | None:
+        """The newest prefetched (announcement, blob, seconds since it was first seen) not yet taken, if any."""
+        with self._lock:
+            ready, self._ready = self._ready, None
+        return ready
+
+    def wait(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, or less if a newer version gets ready (for a waiting sampler)."""
+        self._wake.wait(timeout)
+        self._wake.clear()
+
+    def mark_held(self, version: int) -> None:
+        with self._lock:
+            self.held_version = max(self.held_version, version)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.fetch_timeout + 5)
+
+    def poll(self) -> None:
+        """One look at the table (the thread calls this; tests may too)."""
+        found = newest_announcement(announcements(self.swarm))
+        if found is None:
+            return
+        with self._lock:
+            known = max(self.held_version, self._ready[0].version if self._ready else -1)
+        if found.version <= known:
+            return
+        first_seen = time.monotonic()
+        if self.latest_seen is None or self.latest_seen.version < found.version:
+            self.latest_seen = found
+            logger.info(
+                "adapter version %d announced (%s…, %d announcer(s))",
+                found.version,
+                found.sha256[:12],
+                found.announcers,
+            )
+        from hivemind.p2p import PeerID
+
+        path = self.blobs.fetch(
+            found.sha256, found.size, [PeerID.from_base58(p) for p in found.providers], timeout=self.fetch_timeout
+        )
+        blob = path.read_bytes()
+        with self._lock:
+            if found.version > max(self.held_version, self._ready[0].version if self._ready else -1):
+                self._ready = (found, blob, time.monotonic() - first_seen)
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception as e:  # the network boundary: a bad announcement or a failed fetch; try again
+                logger.warning("could not follow the newest adapter: %s", e)
+                self._stop.wait(min(5.0, 4 * self.interval))
+            self._stop.wait(self.interval)

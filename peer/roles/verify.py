@@ -1,0 +1,100 @@
+"""Checking a rollout group against the run before anything learns from it. A peer's claims are never trusted.
+
+:func:`check_group` answers, for a group read from a bucket and the key that signed it, either ``None`` (it is
+what it says) or the *reason* it is refused, one short name from :data:`REASONS` plus a sentence. It checks:
+
+* shape: G completions as the run says, each at most ``max_new_tokens`` long, every token id inside the
+  tokenizer's vocabulary, the adapter version one the caller knows (with its sha256);
+* the prompt: ``(task_seed, task_index)`` must be ``(prompt_seed(run_seed, owner), seq)``, and the prompt tokens
+  must be exactly what the tokenizer makes of that example's prompt;
+* the rewards: recomputed from the decoded completions and the regenerated example, they must equal the claims.
+
+:func:`check_logprobs` recomputes the behaviour log-probs under a model holding the group's adapter — a spot check
+a learner runs on a sample of groups, since it costs a forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from peer.protocol import GroupRecord
+from peer.roles.run import RunSpec, prompt_seed
+
+REASONS = ("shape", "vocabulary", "version", "prompt", "reward", "logprobs")
+REWARD_TOLERANCE = 1e-6
+
+
+class Refused(str):
+    """A refusal: ``reason`` (one of :data:`REASONS`) and the sentence saying what was wrong."""
+
+    reason: str
+
+    def __new__(cls, reason: str, message: str) -> Refused:
+        value = super().__new__(cls, f"{reason}: {message}")
+        value.reason = reason
+        return value
+
+
+def check_group(
+    group: GroupRecord,
+    owner: bytes,
+    spec: RunSpec,
+    tokenizer,
+    known_adapter: Callable[[int], str | None],
+) -> Refused | None:
+    """``None`` if ``group`` (signed by ``owner``) is honest as far as can be checked without a model."""
+    s = spec.sampling
+    if len(group.completions) != s.group_size:
+        return Refused("shape", f"{len(group.completions)} completions, the run samples {s.group_size}")
+    vocab = len(tokenizer)
+    prompt = group.prompt_tokens()
+    completions = [c.tokens() for c in group.completions]
+    for tokens in completions:
+        if len(tokens) > s.max_new_tokens:
+            return Refused("shape", f"a completion of {len(tokens)} tokens, the run allows {s.max_new_tokens}")
+    if any(t >= vocab for t in prompt) or any(t >= vocab for c in completions for t in c):
+        return Refused("vocabulary", f"token ids outside the vocabulary of {vocab}")
+    sha = known_adapter(group.version)
+    if sha is None:
+        return Refused("version", f"adapter version {group.version} is not one this reader knows")
+    if sha != group.adapter_sha256:
+        return Refused(
+            "version", f"adapter v{group.version} is {sha[:12]}…, the group says {group.adapter_sha256[:12]}…"
+        )
+    expected_seed = prompt_seed(spec.seed, owner)
+    if (group.task_seed, group.task_index) != (expected_seed, group.seq):
+        return Refused(
+            "prompt", f"example ({group.task_seed}, {group.task_index}) is not this peer's for seq {group.seq}"
+        )
+    example = spec.task.example(expected_seed, group.seq)
+    if tokenizer(example.prompt)["input_ids"] != prompt:
+        return Refused("prompt", "the prompt tokens are not the tokenized prompt of its example")
+    for i, (tokens, claimed) in enumerate(zip(completions, group.rewards, strict=True)):
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        reward = spec.task.reward(text, example)
+        if abs(reward - claimed) > REWARD_TOLERANCE:
+            return Refused("reward", f"completion {i} scores {reward:g}, the group claims {claimed:g}")
+    return None
+
+
+def check_logprobs(model, group: GroupRecord, spec: RunSpec, tolerance: float) -> Refused | None:
+    """Recompute the behaviour log-probs of ``group`` under ``model`` (holding the group's adapter)."""
+    import torch
+
+    from peer.grpo import completion_logprobs
+
+    device = next(model.parameters()).device
+    prompt = torch.tensor([group.prompt_tokens()] * len(group.completions), device=device)
+    tokens = [c.tokens() for c in group.completions]
+    width = max(len(t) for t in tokens)
+    ids = torch.tensor([t + [0] * (width - len(t)) for t in tokens], device=device)
+    with torch.no_grad():
+        recomputed = completion_logprobs(model, prompt, torch.ones_like(prompt), ids, spec.sampling.temperature)
+    worst = 0.0
+    for row, completion in enumerate(group.completions):
+        claimed = completion.behaviour_logprobs()
+        for j, value in enumerate(claimed):
+            worst = max(worst, abs(float(recomputed[row, j]) - value))
+    if worst > tolerance:
+        return Refused("logprobs", f"behaviour log-probs differ from the recomputed ones by up to {worst:.3g}")
+    return None
