@@ -1,0 +1,522 @@
+"""The rollout peer (``hivegrpo join``): sample and score GRPO groups with the newest adapter, publish them.
+
+Start-up: join the swarm, read the manifest, get the base model files (local, then P2P, then the hub; see
+:mod:`peer.roles.basemodel`), load the base quantized as the manifest says, attach LoRA and load the newest
+announced adapter. Then, batch after batch, never waiting for a learner:
+
+1. between two batches, hot-swap to a newer adapter if the follower thread has prefetched one, and check that
+   the adapter now in the model hashes to the announced sha256 (else stop loudly: the groups would lie);
+2. *backpressure*: if the bucket of the newest version already holds ``max_inflight`` groups (by default twice
+   what the learners consume per version), wait — those would only be consumed later, staler, or dropped;
+3. take the next ``batch_size`` sequence numbers; the prompts are ``task.example(prompt_seed(run_seed, key), seq)``
+   so learners can regenerate them; sample G completions each with their behaviour log-probs; score them;
+4. hand the groups to a publisher thread (DHT stores take milliseconds; sampling goes on meanwhile), and report
+   throughput in the heartbeat.
+
+SIGINT/SIGTERM (:meth:`RolloutPeer.request_stop`) ends the loop after the current batch; the queued groups are
+published, the heartbeat announces ``leaving``, and everything started is shut down.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from peer.errors import UserError
+from peer.log import get_logger
+from peer.model.adapter import AdapterError, adapter_to_bytes, attach_lora, load_adapter_bytes, sha256_hex
+from peer.model.config import ModelConfig
+from peer.model.loading import load_base
+from peer.model.sampling import Completions, sample_groups
+from peer.network.swarm import NetworkConfig
+from peer.protocol import Completion, GroupRecord, encode_tokens
+from peer.roles.adapters import AdapterFollower, announcements, newest_announcement
+from peer.roles.run import RunSpec, key_fingerprint, prompt_seed, read_manifest, run_spec, sampling_seed
+
+logger = get_logger(__name__)
+
+CPU_BATCH_CAP = 16  # prompts; on the bundled model (1 thread) 16 prompts x 8 reach 0.90x the rate of 64 prompts
+CUDA_BATCH_CAP = 64
+
+
+def default_cache_dir() -> Path:
+    return Path("~/.cache/hivegrpo").expanduser()
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    run_id: str
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    coordinator: str | None = None  # fingerprint of the host's key; None: the only manifest there is
+    quantization: str | None = None  # None: as the manifest says
+    device: str = "auto"
+    batch_size: int | None = None  # prompts per batch; None: sized to free memory
+    max_groups: int | None = None  # stop after publishing this many
+    max_inflight: int | None = None  # groups at the newest version before waiting; None: 2 x groups_per_version
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    heartbeat_interval: float = 10.0
+    poll_interval: float = 0.5
+
+    def __post_init__(self):
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.max_groups is not None and self.max_groups < 1:
+            raise ValueError(f"max_groups must be >= 1, got {self.max_groups}")
+        if self.max_inflight is not None and self.max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+
+
+def auto_batch_size(model, device: torch.device, group_size: int, prompt_tokens: int, max_new_tokens: int) -> int:
+    """Prompts per batch that fit half the free GPU memory (a quarter of free RAM on CPU), capped.
+
+    Per sampled row the decoder holds its KV cache (2 x layers x kv width x tokens), the last logits and softmax,
+    and the prefill's activations; the estimate counts those at the compute dtype with a 2x margin.
+    """
+    c = model.config
+    layers, hidden = c.num_hidden_layers, c.hidden_size
+    heads = c.num_attention_heads
+    kv_width = getattr(c, "num_key_value_heads", heads) * getattr(c, "head_dim", hidden // heads)
+    inter = getattr(c, "intermediate_size", 4 * hidden)
+    elem = 2 if device.type == "cuda" else 4
+    tokens = prompt_tokens + max_new_tokens
+    per_row = 2 * (
+        2 * layers * kv_width * tokens * elem + 3 * c.vocab_size * 4 + prompt_tokens * (hidden + inter) * elem
+    )
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget, cap = free // 2, CUDA_BATCH_CAP
+    else:
+        import psutil
+
+        budget, cap = psutil.virtual_memory().available // 4, CPU_BATCH_CAP
+    return max(1, min(cap, budget // (per_row * group_size)))
+
+
+class _SeqCounter:
+    """Next sequence number, kept beside the identity file so a restarted peer never reuses one."""
+
+    def __init__(self, identity_path: str | None, run_id: str):
+        self.path = Path(f"{identity_path}.{run_id}.seq") if identity_path else None
+        self.next = 0
+        if self.path is not None and self.path.exists():
+            try:
+                self.next = int(json.loads(self.path.read_text())["next"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise UserError(f"{self.path} is unreadable ({e}); delete it to start numbering afresh") from e
+
+    def reserve(self, n: int) -> range:
+        first = self.next
+        self.next += n
+        if self.path is not None:  # written before the groups exist: a crash skips numbers, never repeats them
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"next": self.next}))
+            tmp.replace(self.path)
+        return range(first, self.next)
+
+
+def build_groups(
+    batch: Completions,
+    rewards: list[float],
+    seqs: range,
+    spec: RunSpec,
+    *,
+    version: int,
+    sha: str,
+    owner: bytes,
+    producer: str,
+) -> list[GroupRecord]:
+    """One GroupRecord per prompt of a sampled batch (rows are prompt-major: row = p * G + g)."""
+    G = spec.sampling.group_size
+    ids, cmask, logps = batch.completion_ids.tolist(), batch.completion_mask.tolist(), batch.logprobs.tolist()
+    groups, now, task_seed = [], time.time(), prompt_seed(spec.seed, owner)
+    for p, seq in enumerate(seqs):
+        row = p * G
+        prompt = batch.prompt_ids[row][batch.prompt_mask[row].bool()].tolist()
+        completions = []
+        for r in range(row, row + G):
+            kept = [i for i, (t, m) in enumerate(zip(ids[r], cmask[r], strict=True)) if m]
+            completions.append(Completion.of([ids[r][i] for i in kept], [min(0.0, logps[r][i]) for i in kept]))
+        groups.append(
+            GroupRecord(
+                version=version,
+                adapter_sha256=sha,
+                producer=producer,
+                seq=seq,
+                task_seed=task_seed,
+                task_index=seq,
+                prompt_ids=encode_tokens(prompt),
+                completions=completions,
+                rewards=[float(x) for x in rewards[row : row + G]],
+                created=now,
+            )
+        )
+    return groups
+
+
+class _Publisher:
+    """Publishes groups from a bounded queue on its own thread; a full queue blocks the sampler (backpressure)."""
+
+    def __init__(self, store, max_queued: int):
+        self.store = store
+        self.queue: queue.Queue = queue.Queue(maxsize=max_queued)
+        self.published = 0
+        self.failed = 0
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="group-publisher", daemon=True)
+        self._thread.start()
+
+    def put(self, group: GroupRecord) -> None:
+        self.queue.put(group)
+
+    def pending(self) -> int:
+        return self.queue.unfinished_tasks
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Publish what is queued, then stop the thread (idempotent)."""
+        if self._thread.is_alive():
+            self.queue.put(None)
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            batch = [self.queue.get()]
+            while len(batch) < 64 and not self.queue.empty():  # publish what is waiting in one concurrent round
+                batch.append(self.queue.get_nowait())
+            stop = None in batch
+            groups = [g for g in batch if g is not None]
+            try:
+                if groups:
+                    self.store.publish_many(groups)
+                    self.published += len(groups)
+            except Exception as e:  # the network boundary: count it, say it, keep going
+                self.failed += len(groups)
+                self.last_error = str(e)
+                logger.warning("could not publish %d group(s): %s", len(groups), e)
+            finally:
+                for _ in batch:
+                    self.queue.task_done()
+
+
+class _Backlog:
+    """How many groups the bucket of a version holds, counted on a thread (a DHT get) every ``interval`` s.
+
+    :meth:`estimate` adds what this peer enqueued since the last count, so the sampler never waits on the DHT.
+    """
+
+    def __init__(self, store, interval: float):
+        self.store = store
+        self.interval = interval
+        self.version = -1
+        self._counted: tuple[int, int, int] = (-1, 0, 0)  # (version, count, enqueued then)
+        self._enqueued: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bucket-backlog", daemon=True)
+        self._thread.start()
+
+    def enqueued(self, version: int, n: int) -> None:
+        with self._lock:
+            self._enqueued[version] = self._enqueued.get(version, 0) + n
+
+    def estimate(self, version: int) -> int:
+        with self._lock:
+            counted_version, count, then = self._counted
+            now = self._enqueued.get(version, 0)
+        return (count + now - then) if counted_version == version else now
+
+    def count_now(self, version: int) -> None:
+        with self._lock:
+            then = self._enqueued.get(version, 0)
+        count = self.store.count(version, version)
+        with self._lock:
+            self._counted = (version, count, then)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            if self.version < 0:
+                continue
+            try:
+                self.count_now(self.version)
+            except Exception as e:  # the network boundary: keep the old count, try again
+                logger.warning("could not count the bucket of v%d: %s", self.version, e)
+
+
+class RolloutPeer:
+    """One rollout peer: :meth:`start` (join, manifest, model, adapter), :meth:`run` (the loop), :meth:`close`."""
+
+    def __init__(self, config: RolloutConfig):
+        self.config = config
+        self._stop = threading.Event()
+        self._closers: list = []
+        self.swarm = self.blobs = self.heartbeat = self.follower = self.publisher = None
+        self.spec: RunSpec | None = None
+        self.model = self.tokenizer = self.device = None
+        self.version, self.sha = -1, ""
+        self.stats = {"groups": 0, "completions": 0, "batches": 0, "waited_s": 0.0, "swaps": 0, "sample_s": 0.0}
+        self.versions_used: list[int] = []
+        self.swap_seconds: list[float] = []
+
+    # --- start-up ------------------------------------------------------------------------------------------------
+
+    def start(self) -> RolloutPeer:
+        from peer.network.blobs import BlobCache, BlobService
+        from peer.network.buckets import DHTBucketStore
+        from peer.network.heartbeat import Heartbeat
+        from peer.network.swarm import join
+        from peer.roles.basemodel import fetch_from, resolve_base
+
+        c = self.config
+        self.swarm = join(c.network, c.run_id)
+        self._closers.append(self.swarm.shutdown)
+        self.blobs = BlobService(self.swarm.dht, BlobCache(c.cache_dir / "blobs"))
+        self._closers.append(self.blobs.close)
+        self.heartbeat = Heartbeat(self.swarm, "rollout", interval=c.heartbeat_interval).start()
+        self._closers.append(lambda: self.heartbeat.stop(leaving=True))
+
+        manifest, coordinator_key = read_manifest(self.swarm, c.coordinator)
+        self.spec = spec = run_spec(manifest, coordinator_key)
+        logger.info(
+            "run %s: %s on %s (%s), G=%d, coordinator %s",
+            spec.run_id,
+            spec.task.name,
+            manifest.model.name,
+            manifest.model.quantization,
+            spec.sampling.group_size,
+            key_fingerprint(coordinator_key),
+        )
+        folder = resolve_base(
+            manifest.model, self.blobs.cache, c.cache_dir / "models", fetch_from(self.blobs, self._providers)
+        )
+        quantization = c.quantization or manifest.model.quantization
+        if quantization != manifest.model.quantization:
+            logger.warning(
+                "sampling with a %s base while the run uses %s: learners correct for it, but the groups are "
+                "more off-policy",
+                quantization,
+                manifest.model.quantization,
+            )
+        base = load_base(ModelConfig(name=str(folder), quantization=quantization, device=c.device))
+        self.model, self.tokenizer, self.device = attach_lora(base.model, spec.lora), base.tokenizer, base.device
+        self._load_initial_adapter()
+        self.batch_size = c.batch_size or self._auto_batch()
+        self.max_inflight = c.max_inflight or 2 * spec.groups_per_version
+        self.seqs = _SeqCounter(c.network.identity_path, c.run_id)
+        self.follower = AdapterFollower(self.swarm, self.blobs, self.version, interval=c.poll_interval).start()
+        self._closers.append(self.follower.stop)
+        self.publisher = _Publisher(
+            DHTBucketStore(self.swarm, self.blobs, expiration=self._expiration()), 4 * self.batch_size
+        )
+        self._closers.append(self.publisher.close)
+        self.store = self.publisher.store
+        self.backlog = _Backlog(self.store, c.poll_interval)
+        self._closers.append(self.backlog.stop)
+        self.heartbeat.update(
+            state="running", adapter_version=self.version, stats={"batch_size": float(self.batch_size)}
+        )
+        logger.info(
+            "rollout peer ready: adapter v%d, %d prompt(s) x %d per batch, waits at %d groups per version",
+            self.version,
+            self.batch_size,
+            spec.sampling.group_size,
+            self.max_inflight,
+        )
+        return self
+
+    def _providers(self):
+        """Peers to ask for blobs: the live peers of the run, coordinator first (it seeds the model)."""
+        from hivemind.p2p import PeerID
+
+        from peer.network.heartbeat import live_peers
+
+        peers = live_peers(self.swarm)
+        peers.sort(key=lambda p: (p.record.role != "coordinator", p.record.peer_id))
+        return [PeerID.from_base58(p.record.peer_id) for p in peers if p.record.peer_id != str(self.swarm.peer_id)]
+
+    def _expiration(self) -> float:
+        """Bucket entries live long enough for learners to consume them within the staleness window."""
+        return 600.0
+
+    def _auto_batch(self) -> int:
+        s = self.spec.sampling
+        prompt = self.tokenizer(self.spec.example(self.swarm.public_key, 0).prompt)["input_ids"]
+        return auto_batch_size(self.model, self.device, s.group_size, 2 * len(prompt), s.max_new_tokens)
+
+    def _load_initial_adapter(self) -> None:
+        manifest = self.spec.manifest
+        found = newest_announcement(announcements(self.swarm))
+        v0 = adapter_to_bytes(self.model)
+        if found is None or (found.version == 0 and found.sha256 == sha256_hex(v0)):
+            if sha256_hex(v0) != manifest.adapter0_sha256:
+                raise AdapterError(
+                    f"adapter v0 built here hashes to {sha256_hex(v0)[:12]}…, the manifest says "
+                    f"{manifest.adapter0_sha256[:12]}… and no peer announces an adapter: this hivegrpo (or torch) "
+                    "version initialises LoRA differently from the host's; install the host's versions"
+                )
+            self.version, self.sha = 0, manifest.adapter0_sha256
+            return
+        from hivemind.p2p import PeerID
+
+        path = self.blobs.fetch(found.sha256, found.size, [PeerID.from_base58(p) for p in found.providers])
+        self._swap(found.version, found.sha256, path.read_bytes())
+
+    # --- the loop ------------------------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        if self.follower is not None:
+            self.follower._wake.set()
+
+    def _swap(self, version: int, sha: str, blob: bytes) -> None:
+        start = time.perf_counter()
+        load_adapter_bytes(self.model, blob, sha)
+        held = sha256_hex(adapter_to_bytes(self.model))
+        if held != sha:
+            raise AdapterError(
+                f"after loading adapter v{version} the model's adapter hashes to {held[:12]}…, not the announced "
+                f"{sha[:12]}…: the groups would carry a false version, so this peer stops; report it with the log"
+            )
+        self.version, self.sha = version, sha
+        self.stats["swaps"] += 1
+        self.swap_seconds.append(time.perf_counter() - start)
+        if self.follower is not None:
+            self.follower.mark_held(version)
+        if self.heartbeat is not None:
+            self.heartbeat.update(adapter_version=version)
+        logger.info("now sampling with adapter v%d (%s…)", version, sha[:12])
+
+    def _follow(self) -> bool:
+        ready = self.follower.take()
+        if ready is None:
+            return False
+        announcement, blob, _ = ready
+        if announcement.version > self.version:
+            self._swap(announcement.version, announcement.sha256, blob)
+            return True
+        return False
+
+    def _wait_for_learners(self) -> None:
+        """Backpressure: while the newest version's bucket is full, wait for a new version (or a stop)."""
+        said = False
+        while not self._stop.is_set():
+            self.backlog.version = self.version
+            if self.backlog.estimate(self.version) < self.max_inflight:
+                return
+            if not said:
+                logger.info("%d groups of v%d wait for the learners; pausing", self.max_inflight, self.version)
+                said = True
+            start = time.perf_counter()
+            self.follower.wait(1.0)
+            self.stats["waited_s"] += time.perf_counter() - start
+            if self._follow():
+                return
+
+    def run(self) -> dict:
+        """Sample, score and publish until stopped or ``max_groups``; returns what was done."""
+        c, spec, s = self.config, self.spec, self.spec.sampling
+        owner, producer = self.swarm.public_key, str(self.swarm.peer_id)
+        generator = torch.Generator(device=self.device)
+        started = time.perf_counter()
+        window: list[tuple[float, int]] = []
+        while not self._stop.is_set():
+            self._follow()
+            self._wait_for_learners()
+            if self._stop.is_set():
+                break
+            n = self.batch_size
+            if c.max_groups is not None:
+                n = min(n, c.max_groups - self.stats["groups"])
+                if n <= 0:
+                    break
+            seqs = self.seqs.reserve(n)
+            examples = [spec.example(owner, seq) for seq in seqs]
+            generator.manual_seed(sampling_seed(spec.seed, owner, seqs.start))
+            t0 = time.perf_counter()
+            batch = sample_groups(
+                self.model,
+                self.tokenizer,
+                [e.prompt for e in examples],
+                group_size=s.group_size,
+                max_new_tokens=s.max_new_tokens,
+                temperature=s.temperature,
+                device=self.device,
+                generator=generator,
+            )
+            texts = batch.texts(self.tokenizer)
+            rewards = [spec.task.reward(t, examples[i // s.group_size]) for i, t in enumerate(texts)]
+            groups = build_groups(
+                batch, rewards, seqs, spec, version=self.version, sha=self.sha, owner=owner, producer=producer
+            )
+            elapsed = time.perf_counter() - t0
+            self.backlog.enqueued(self.version, len(groups))
+            for group in groups:
+                self.publisher.put(group)
+            self.versions_used.append(self.version)
+            self.stats["groups"] += n
+            self.stats["completions"] += n * s.group_size
+            self.stats["batches"] += 1
+            self.stats["sample_s"] += elapsed
+            window = [(t, k) for t, k in window if t > time.perf_counter() - 30] + [
+                (time.perf_counter(), n * s.group_size)
+            ]
+            span = max(window[-1][0] - window[0][0], elapsed)
+            self.heartbeat.update(
+                throughput=sum(k for _, k in window) / span,
+                stats={k: float(v) for k, v in self.stats.items()} | {"batch_size": float(self.batch_size)},
+            )
+        seconds = time.perf_counter() - started
+        self.publisher.close()
+        return {
+            "groups": self.stats["groups"],
+            "published": self.publisher.published,
+            "publish_failed": self.publisher.failed,
+            "completions": self.stats["completions"],
+            "seconds": round(seconds, 3),
+            "sample_seconds": round(self.stats["sample_s"], 3),
+            "waited_seconds": round(self.stats["waited_s"], 3),
+            "completions_per_second": round(self.stats["completions"] / seconds, 2) if seconds else 0.0,
+            "adapter_version": self.version,
+            "versions_used": sorted(set(self.versions_used)),
+            "batch_size": self.batch_size,
+            "peer_id": producer,
+        }
+
+    def close(self) -> None:
+        """Stop everything started, newest first (idempotent)."""
+        while self._closers:
+            closer = self._closers.pop()
+            try:
+                closer()
+            except Exception as e:  # shutting down: say it, go on with the rest
+                logger.warning("while stopping: %s", e)
+
+    def __enter__(self) -> RolloutPeer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_rollout(config: RolloutConfig, on_ready=None) -> dict:
+    """Start a rollout peer, run it until stopped, close it; ``on_ready(peer)`` lets the caller install signals."""
+    peer = RolloutPeer(config)
+    try:
+        peer.start()
+        if on_ready is not None:
+            on_ready(peer)
+        return peer.run()
+    finally:
+        peer.close()
+
+
+__all__ = ["RolloutConfig", "RolloutPeer", "auto_batch_size", "build_groups", "run_rollout"]
