@@ -18,7 +18,11 @@ a restarted peer still owns its subkeys). Without it, both are fresh for each ru
 
 from __future__ import annotations
 
+import itertools
 import os
+import shutil
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +91,27 @@ def load_signing_key(identity_path: str | None):
     return key
 
 
+async def _store_file(path: str, all_replicas: bool, _dht, node) -> list[bool]:
+    """Runs inside the DHT process: store every record of the msgpack file at ``path`` (then delete it)."""
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    file = Path(path)
+    try:
+        items = MSGPackSerializer.loads(file.read_bytes())
+    finally:
+        file.unlink(missing_ok=True)
+    keys = [key for key, _, _, _ in items]
+    subkeys = [subkey for _, subkey, _, _ in items]
+    found = await node.store_many(
+        keys,
+        [value for _, _, value, _ in items],
+        [expiration for _, _, _, expiration in items],
+        subkeys=subkeys,
+        await_all_replicas=all_replicas,
+    )
+    return [bool(found.get((key, subkey))) for key, subkey in zip(keys, subkeys, strict=True)]
+
+
 class Swarm:
     """This peer's membership of one run's swarm: its DHT, signing identity, and size-checked store/get."""
 
@@ -99,6 +124,9 @@ class Swarm:
         self.config = config
         self.public_key: bytes = RSASignatureValidator(signing_key).local_public_key[len(b"[owner:") : -1]
         self.peer_id = dht.peer_id
+        shm = Path("/dev/shm")
+        self._spool = Path(tempfile.mkdtemp(prefix="hivegrpo-dht-", dir=shm if shm.is_dir() else None))
+        self._counter = itertools.count()
 
     def visible_maddrs(self) -> list[str]:
         return [str(m) for m in self.dht.get_visible_maddrs()]
@@ -110,27 +138,32 @@ class Swarm:
 
         ``all_replicas=False`` returns at the first replica that took it; the others are written in the background.
         """
-        from hivemind.utils.serializer import MSGPackSerializer
-
-        check_value_size(MSGPackSerializer.dumps(value), what)
-        return bool(self.dht.store(key, value, expiration_time, subkey=subkey, await_all_replicas=all_replicas))
+        return self.store_many([(key, subkey, value, expiration_time)], what, all_replicas=all_replicas)[0]
 
     def store_many(
         self, items: list[tuple[str, bytes, Any, float]], what: str, *, all_replicas: bool = True
     ) -> list[bool]:
-        """Store several ``(key, subkey, value, expiration_time)`` records at once (each size-checked first).
+        """Store several ``(key, subkey, value, expiration_time)`` records, each size-checked first, concurrently.
 
-        The stores run concurrently in the DHT process; one call costs about as much as a single store.
+        The records never travel through the pipe to the DHT process: hivemind reads that pipe non-blocking, and
+        a message over 16 KiB is written in two parts, so under load the reader can find half a message and the
+        DHT process dies (``BlockingIOError`` then ``EOFError``). They go through a file in a private folder
+        instead, and the pipe carries only a small message naming it (docs/protocol.md).
         """
+        from functools import partial
+
         from hivemind.utils.serializer import MSGPackSerializer
 
         for _, _, value, _ in items:
             check_value_size(MSGPackSerializer.dumps(value), what)
-        futures = [
-            self.dht.store(key, value, expiration, subkey=subkey, await_all_replicas=all_replicas, return_future=True)
-            for key, subkey, value, expiration in items
-        ]
-        return [bool(f.result()) for f in futures]
+        path = self._spool / f"{os.getpid()}-{threading.get_ident()}-{next(self._counter)}.msgpack"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(MSGPackSerializer.dumps([list(item) for item in items]))
+        tmp.replace(path)
+        try:
+            return self.dht.run_coroutine(partial(_store_file, str(path), all_replicas))
+        finally:
+            path.unlink(missing_ok=True)
 
     def get_dict(self, key: str) -> dict:
         """The ``{subkey: ValueWithExpiration}`` dictionary under ``key`` (empty if none)."""
@@ -141,6 +174,7 @@ class Swarm:
 
     def shutdown(self) -> None:
         self.dht.shutdown()
+        shutil.rmtree(self._spool, ignore_errors=True)
 
     def __enter__(self) -> Swarm:
         return self

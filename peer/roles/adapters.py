@@ -48,14 +48,18 @@ def announce_adapter(
         created=time.time(),
         learner=str(swarm.peer_id),
     )
-    stored = swarm.store(
-        adapter_key(swarm.run_id),
-        owner_subkey(swarm.public_key),
-        to_dht_value(record),
-        time.time() + ttl,
-        "adapter announcement",
-    )
-    if not stored:
+    for attempt in range(4):  # a store can come back refused under load; the retry expires later, so it wins
+        expires = time.time() + ttl
+        if swarm.store(
+            adapter_key(swarm.run_id),
+            owner_subkey(swarm.public_key),
+            to_dht_value(record),
+            expires,
+            "adapter announcement",
+        ):
+            break
+        time.sleep(0.25 * 2**attempt)
+    else:
         raise UserError(f"no DHT node accepted the announcement of adapter v{version}; check this peer's connection")
     return record
 

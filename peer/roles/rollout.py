@@ -177,6 +177,10 @@ class _Publisher:
     def pending(self) -> int:
         return self.queue.unfinished_tasks
 
+    def flush(self) -> None:
+        """Block until every queued group has been published (or has failed)."""
+        self.queue.join()
+
     def close(self, timeout: float = 60.0) -> None:
         """Publish what is queued, then stop the thread (idempotent)."""
         if self._thread.is_alive():
@@ -205,14 +209,17 @@ class _Publisher:
 
 
 class _Backlog:
-    """How many groups the bucket of a version holds, counted on a thread (a DHT get) every ``interval`` s.
+    """How many groups the bucket of a version holds, counted on a thread (a DHT get) every ``interval`` s once
+    the estimate reaches ``near`` (other peers' groups are unknown until then: the bound is approached, not kept
+    exactly, which is all backpressure needs).
 
     :meth:`estimate` adds what this peer enqueued since the last count, so the sampler never waits on the DHT.
     """
 
-    def __init__(self, store, interval: float):
+    def __init__(self, store, interval: float, near: int = 0):
         self.store = store
         self.interval = interval
+        self.near = near  # counts start once the estimate reaches this many groups
         self.version = -1
         self._counted: tuple[int, int, int] = (-1, 0, 0)  # (version, count, enqueued then)
         self._enqueued: dict[int, int] = {}
@@ -244,7 +251,8 @@ class _Backlog:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            if self.version < 0:
+            # a count is a DHT get of the whole bucket: only worth it once the estimate nears the bound
+            if self.version < 0 or self.estimate(self.version) < self.near:
                 continue
             try:
                 self.count_now(self.version)
@@ -319,7 +327,7 @@ class RolloutPeer:
         )
         self._closers.append(self.publisher.close)
         self.store = self.publisher.store
-        self.backlog = _Backlog(self.store, c.poll_interval)
+        self.backlog = _Backlog(self.store, c.poll_interval, near=self.max_inflight // 2)
         self._closers.append(self.backlog.stop)
         self.heartbeat.update(
             state="running", adapter_version=self.version, stats={"batch_size": float(self.batch_size)}
@@ -421,14 +429,17 @@ class RolloutPeer:
             if self._follow():
                 return
 
-    def run(self) -> dict:
-        """Sample, score and publish until stopped or ``max_groups``; returns what was done."""
+    def run(self, max_seconds: float | None = None) -> dict:
+        """Sample, score and publish until stopped, ``max_groups``, or ``max_seconds``; returns what was done
+        (counts are totals since :meth:`start`; the groups made are all published when it returns)."""
         c, spec, s = self.config, self.spec, self.spec.sampling
         owner, producer = self.swarm.public_key, str(self.swarm.peer_id)
         generator = torch.Generator(device=self.device)
         started = time.perf_counter()
         window: list[tuple[float, int]] = []
         while not self._stop.is_set():
+            if max_seconds is not None and time.perf_counter() - started >= max_seconds:
+                break
             self._follow()
             self._wait_for_learners()
             if self._stop.is_set():
@@ -474,8 +485,8 @@ class RolloutPeer:
                 throughput=sum(k for _, k in window) / span,
                 stats={k: float(v) for k, v in self.stats.items()} | {"batch_size": float(self.batch_size)},
             )
+        self.publisher.flush()
         seconds = time.perf_counter() - started
-        self.publisher.close()
         return {
             "groups": self.stats["groups"],
             "published": self.publisher.published,

@@ -1,0 +1,217 @@
+"""Rollout peer throughput against a bare ``generate()`` loop: what the swarm's machinery costs.
+
+One process holds a coordinator (``coordinator.host.Host``, a real hivemind DHT in a child process) and a real
+rollout peer (``peer.roles.rollout.RolloutPeer``) joined to it on loopback. Rounds alternate, A B A B ...:
+
+* **A, bare**: ``model.generate(do_sample=True, temperature=1, top_k=0, top_p=1, output_scores=True)`` on the
+  rollout peer's own model object (nf4 base + LoRA), the same prompts x G rows per batch, the same
+  ``max_new_tokens``, with per-token log-probs from ``compute_transition_scores`` (the rollout records them too).
+* **B, rollout**: ``RolloutPeer.run(max_seconds=...)`` — prompt derivation, sampling, scoring, building the
+  records, publishing them to the DHT, the heartbeat, the adapter follower and the backlog counter all running,
+  while a stand-in learner on the host's peer announces a new adapter version every ``--version-interval``
+  seconds (so the peer also fetches and hot-swaps adapters, and each version's bucket stays the size it has in
+  a run; the bare rounds run under the same announcements).
+
+Completions per second are counted per round from the rows each made (B's groups are all published when its
+round returns; the bucket is read back at the end). Reported: every round, and the median ratio B / A (target
+>= 0.9)::
+
+    python -m peer.bench.rollout --seconds 8 --rounds 3 --batch-size 16 --out rollout.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def bare_round(peer, prompts: list[str], seconds: float) -> tuple[int, float]:
+    """Rows generated (with their log-probs) by back-to-back generate() calls for about ``seconds``."""
+    import torch
+
+    s = peer.spec.sampling
+    tok = peer.tokenizer
+    repeated = [p for p in prompts for _ in range(s.group_size)]
+    batch = tok(repeated, return_tensors="pt", padding=True).to(peer.device)
+    rows, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        with torch.no_grad():
+            out = peer.model.generate(
+                **batch,
+                do_sample=True,
+                temperature=s.temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=s.max_new_tokens,
+                output_scores=True,
+                return_dict_in_generate=True,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
+            logprobs = peer.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+        assert logprobs.shape[0] == len(repeated)
+        rows += len(repeated)
+    return rows, time.perf_counter() - start
+
+
+def adapter_versions(v0: bytes, n: int) -> list[bytes]:
+    """``n`` successive adapters made from v0 by small seeded perturbations (what a learner would announce)."""
+    import torch
+    from safetensors.torch import load, save
+
+    from peer.model.adapter import METADATA_KEY, blob_lora_config
+
+    lora = blob_lora_config(v0).to_dict()
+    lora.pop("init_seed")
+    tensors = load(v0)
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        tensors = {k: t + 1e-3 * torch.randn(t.shape, generator=generator) for k, t in tensors.items()}
+        out.append(save(tensors, metadata={METADATA_KEY: json.dumps(lora, sort_keys=True)}))
+    return out
+
+
+class StandInLearner:
+    """Announces a new adapter version every ``interval`` seconds from the host's peer, as learners would; keeps
+    each version's bucket the size it has in a real run (otherwise one bucket would grow without bound)."""
+
+    def __init__(self, host, v0: bytes, interval: float, versions: int):
+        import threading
+
+        self.host, self.interval = host, interval
+        self.blobs = adapter_versions(v0, versions)
+        self.parent = hashlib.sha256(v0).hexdigest()
+        self.version = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> StandInLearner:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        from peer.roles.adapters import announce_adapter
+
+        while not self._stop.wait(self.interval) and self.version < len(self.blobs):
+            blob = self.blobs[self.version]
+            self.version += 1
+            # the host announced v0 with a 1 h expiration; a replacement under its subkey must outlive it
+            announce_adapter(self.host.swarm, self.host.blobs, self.version, blob, self.parent, ttl=7200.0)
+            self.parent = hashlib.sha256(blob).hexdigest()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def rollout_round(peer, seconds: float) -> tuple[int, float, int]:
+    """Completions made and published by the rollout loop in about ``seconds`` (and groups published so far)."""
+    before = peer.stats["completions"]
+    start = time.perf_counter()
+    peer.run(max_seconds=seconds)
+    return peer.stats["completions"] - before, time.perf_counter() - start, peer.publisher.published
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=8.0, help="length of each round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each kind (interleaved)")
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per batch (x G = 8 rows)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--version-interval", type=float, default=1.0, help="seconds between new adapter versions")
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    args = parser.parse_args()
+
+    import torch
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    from coordinator.host import Host, HostConfig
+    from coordinator.manifest import RunSettings
+    from peer.network.buckets import DHTBucketStore
+    from peer.network.swarm import NetworkConfig
+    from peer.roles.rollout import RolloutConfig, RolloutPeer
+
+    run_id = "bench-rollout"
+    with tempfile.TemporaryDirectory() as tmp:
+        host = Host(HostConfig(RunSettings(run_id=run_id), NetworkConfig.loopback(), cache_dir=Path(tmp) / "host"))
+        peer = None
+        try:
+            host.start()
+            config = RolloutConfig(
+                run_id=run_id,
+                network=NetworkConfig.loopback(host.swarm.visible_maddrs()),
+                cache_dir=Path(tmp) / "rollout",
+                device="cpu",
+                batch_size=args.batch_size,
+                max_inflight=10**9,
+            )
+            peer = RolloutPeer(config).start()
+            prompts = [peer.spec.task.example(0, i).prompt for i in range(args.batch_size)]
+            total = 2 * args.rounds * args.seconds + 10
+            learner = StandInLearner(host, host._v0, args.version_interval, int(total / args.version_interval) + 1)
+            learner.start()
+            bare_round(peer, prompts, 1.0)  # warm-up of both paths, not counted
+            rollout_round(peer, 1.0)
+            rounds = []
+            for i in range(args.rounds):
+                rows, secs = bare_round(peer, prompts, args.seconds)
+                rounds.append({"kind": "bare", "round": i, "completions": rows, "seconds": round(secs, 3)})
+                made, secs, published = rollout_round(peer, args.seconds)
+                rounds.append({"kind": "rollout", "round": i, "completions": made, "seconds": round(secs, 3)})
+            learner.stop()
+            time.sleep(2.0)  # the last stores were acknowledged by the first replica; let the rest land
+            in_buckets = DHTBucketStore(host.swarm).count(max(0, peer.version - 40), peer.version)
+            published = peer.publisher.published
+            swaps, swap_ms = peer.stats["swaps"], 1000 * statistics.median(peer.swap_seconds or [0.0])
+        finally:
+            if peer is not None:
+                peer.close()
+            host.close()
+
+    for r in rounds:
+        r["per_second"] = round(r["completions"] / r["seconds"], 1)
+    bare = [r["per_second"] for r in rounds if r["kind"] == "bare"]
+    roll = [r["per_second"] for r in rounds if r["kind"] == "rollout"]
+    ratios = [b / a for a, b in zip(bare, roll, strict=True)]
+    result = {
+        "rounds": rounds,
+        "bare_median": statistics.median(bare),
+        "rollout_median": statistics.median(roll),
+        "ratio_median": round(statistics.median(ratios), 3),
+        "ratios": [round(x, 3) for x in ratios],
+        "groups_published": published,
+        "groups_in_buckets": in_buckets,
+        "adapter_swaps": swaps,
+        "swap_ms_median": round(swap_ms, 2),
+        "version_interval": args.version_interval,
+        "batch_size": args.batch_size,
+        "group_size": 8,
+        "threads": args.threads,
+        "seconds_per_round": args.seconds,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    print(f"{'round':>5}  {'bare generate() /s':>19}  {'rollout peer /s':>16}  {'ratio':>6}")
+    for i, (a, b) in enumerate(zip(bare, roll, strict=True)):
+        print(f"{i:>5}  {a:>19.1f}  {b:>16.1f}  {b / a:>6.3f}")
+    print(
+        f"median ratio {result['ratio_median']:.3f} (target >= 0.9); {published} groups published, "
+        f"{in_buckets} read back from the buckets; {swaps} adapter swaps (median {swap_ms:.1f} ms); "
+        f"batch {args.batch_size} x 8, {args.threads} thread(s)"
+    )
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
