@@ -1,14 +1,15 @@
 """Rollout peer throughput against a bare ``generate()`` loop: what the swarm's machinery costs.
 
-One process holds a coordinator (``coordinator.host.Host``, a real hivemind DHT in a child process) and a real
-rollout peer (``peer.roles.rollout.RolloutPeer``) joined to it on loopback. Rounds alternate, A B A B ...:
+``hivegrpo host`` runs as a child process; this process holds a real rollout peer
+(``peer.roles.rollout.RolloutPeer``, its DHT in a child process of its own) joined to it on loopback, and a
+third peer that plays the learner. Rounds alternate, A B A B ...:
 
 * **A, bare**: ``model.generate(do_sample=True, temperature=1, top_k=0, top_p=1, output_scores=True)`` on the
   rollout peer's own model object (nf4 base + LoRA), the same prompts x G rows per batch, the same
   ``max_new_tokens``, with per-token log-probs from ``compute_transition_scores`` (the rollout records them too).
 * **B, rollout**: ``RolloutPeer.run(max_seconds=...)`` — prompt derivation, sampling, scoring, building the
   records, publishing them to the DHT, the heartbeat, the adapter follower and the backlog counter all running,
-  while a stand-in learner on the host's peer announces a new adapter version every ``--version-interval``
+  while a stand-in learner on the third peer announces a new adapter version every ``--version-interval``
   seconds (so the peer also fetches and hot-swaps adapters, and each version's bucket stays the size it has in
   a run; the bare rounds run under the same announcements).
 
@@ -25,7 +26,10 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -80,14 +84,29 @@ def adapter_versions(v0: bytes, n: int) -> list[bytes]:
     return out
 
 
+def start_host(tmp: Path, run_id: str) -> subprocess.Popen:
+    """``hivegrpo host`` on loopback in a child process (the coordinator package is not imported here)."""
+    info = tmp / "info.json"
+    command = [sys.executable, "-m", "peer.cli", "host", "--run-id", run_id, "--cache-dir", str(tmp / "host")]
+    command += ["--info-file", str(info), "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay"]
+    host = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=open(tmp / "host.log", "w"))  # noqa: SIM115
+    deadline = time.time() + 120
+    while not info.exists():
+        if host.poll() is not None or time.time() > deadline:
+            host.kill()
+            raise RuntimeError(f"the host did not start: {(tmp / 'host.log').read_text()[-2000:]}")
+        time.sleep(0.2)
+    return host
+
+
 class StandInLearner:
-    """Announces a new adapter version every ``interval`` seconds from the host's peer, as learners would; keeps
+    """Announces a new adapter version every ``interval`` seconds from its own peer, as a learner would; keeps
     each version's bucket the size it has in a real run (otherwise one bucket would grow without bound)."""
 
-    def __init__(self, host, v0: bytes, interval: float, versions: int):
+    def __init__(self, swarm, blobs, v0: bytes, interval: float, versions: int):
         import threading
 
-        self.host, self.interval = host, interval
+        self.swarm, self.blobs_service, self.interval = swarm, blobs, interval
         self.blobs = adapter_versions(v0, versions)
         self.parent = hashlib.sha256(v0).hexdigest()
         self.version = 0
@@ -104,8 +123,7 @@ class StandInLearner:
         while not self._stop.wait(self.interval) and self.version < len(self.blobs):
             blob = self.blobs[self.version]
             self.version += 1
-            # the host announced v0 with a 1 h expiration; a replacement under its subkey must outlive it
-            announce_adapter(self.host.swarm, self.host.blobs, self.version, blob, self.parent, ttl=7200.0)
+            announce_adapter(self.swarm, self.blobs_service, self.version, blob, self.parent)
             self.parent = hashlib.sha256(blob).hexdigest()
 
     def stop(self) -> None:
@@ -113,12 +131,14 @@ class StandInLearner:
         self._thread.join(timeout=10)
 
 
-def rollout_round(peer, seconds: float) -> tuple[int, float, int]:
-    """Completions made and published by the rollout loop in about ``seconds`` (and groups published so far)."""
-    before = peer.stats["completions"]
+def rollout_round(peer, seconds: float) -> tuple[int, float, float, float]:
+    """Completions made and published by the rollout loop in about ``seconds``; the seconds of it spent sampling,
+    scoring and building records (the rest: swaps, waiting, handing groups over), and of those in decoding alone."""
+    before, sampling, decoding = peer.stats["completions"], peer.stats["sample_s"], peer.stats["decode_s"]
     start = time.perf_counter()
     peer.run(max_seconds=seconds)
-    return peer.stats["completions"] - before, time.perf_counter() - start, peer.publisher.published
+    made, secs = peer.stats["completions"] - before, time.perf_counter() - start
+    return made, secs, peer.stats["sample_s"] - sampling, peer.stats["decode_s"] - decoding
 
 
 def main() -> None:
@@ -135,30 +155,33 @@ def main() -> None:
     import transformers
 
     torch.set_num_threads(args.threads)
-    from coordinator.host import Host, HostConfig
-    from coordinator.manifest import RunSettings
+    from peer.model.adapter import adapter_to_bytes
+    from peer.network.blobs import BlobCache, BlobService
     from peer.network.buckets import DHTBucketStore
-    from peer.network.swarm import NetworkConfig
+    from peer.network.swarm import NetworkConfig, join
     from peer.roles.rollout import RolloutConfig, RolloutPeer
 
     run_id = "bench-rollout"
     with tempfile.TemporaryDirectory() as tmp:
-        host = Host(HostConfig(RunSettings(run_id=run_id), NetworkConfig.loopback(), cache_dir=Path(tmp) / "host"))
-        peer = None
+        host, peer, announcer = start_host(Path(tmp), run_id), None, None
         try:
-            host.start()
+            info = json.loads((Path(tmp) / "info.json").read_text())
             config = RolloutConfig(
                 run_id=run_id,
-                network=NetworkConfig.loopback(host.swarm.visible_maddrs()),
+                network=NetworkConfig.loopback(info["initial_peers"]),
+                coordinator=info["coordinator"],
                 cache_dir=Path(tmp) / "rollout",
                 device="cpu",
                 batch_size=args.batch_size,
                 max_inflight=10**9,
             )
             peer = RolloutPeer(config).start()
+            announcer = join(NetworkConfig.loopback(info["initial_peers"]), run_id)
+            blobs = BlobService(announcer.dht, BlobCache(Path(tmp) / "learner"))
             prompts = [peer.spec.task.example(0, i).prompt for i in range(args.batch_size)]
             total = 2 * args.rounds * args.seconds + 10
-            learner = StandInLearner(host, host._v0, args.version_interval, int(total / args.version_interval) + 1)
+            v0 = adapter_to_bytes(peer.model)
+            learner = StandInLearner(announcer, blobs, v0, args.version_interval, int(total / args.version_interval))
             learner.start()
             bare_round(peer, prompts, 1.0)  # warm-up of both paths, not counted
             rollout_round(peer, 1.0)
@@ -166,17 +189,34 @@ def main() -> None:
             for i in range(args.rounds):
                 rows, secs = bare_round(peer, prompts, args.seconds)
                 rounds.append({"kind": "bare", "round": i, "completions": rows, "seconds": round(secs, 3)})
-                made, secs, published = rollout_round(peer, args.seconds)
-                rounds.append({"kind": "rollout", "round": i, "completions": made, "seconds": round(secs, 3)})
+                made, secs, sampling, decoding = rollout_round(peer, args.seconds)
+                rounds.append(
+                    {
+                        "kind": "rollout",
+                        "round": i,
+                        "completions": made,
+                        "seconds": round(secs, 3),
+                        "sampling_seconds": round(sampling, 3),
+                        "decode_seconds": round(decoding, 3),
+                    }
+                )
             learner.stop()
             time.sleep(2.0)  # the last stores were acknowledged by the first replica; let the rest land
-            in_buckets = DHTBucketStore(host.swarm).count(max(0, peer.version - 40), peer.version)
+            in_buckets = DHTBucketStore(announcer).count(max(0, peer.version - 40), peer.version)
             published = peer.publisher.published
             swaps, swap_ms = peer.stats["swaps"], 1000 * statistics.median(peer.swap_seconds or [0.0])
+            blobs.close()
         finally:
             if peer is not None:
                 peer.close()
-            host.close()
+            if announcer is not None:
+                announcer.shutdown()
+            host.send_signal(signal.SIGTERM)
+            try:
+                host.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                host.kill()
+                host.wait()
 
     for r in rounds:
         r["per_second"] = round(r["completions"] / r["seconds"], 1)
@@ -201,9 +241,16 @@ def main() -> None:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
-    print(f"{'round':>5}  {'bare generate() /s':>19}  {'rollout peer /s':>16}  {'ratio':>6}")
+    sampled = [r["sampling_seconds"] / r["seconds"] for r in rounds if r["kind"] == "rollout"]
+    decoded = [r["decode_seconds"] / r["seconds"] for r in rounds if r["kind"] == "rollout"]
+    result["rollout_sampling_fraction"] = [round(x, 3) for x in sampled]
+    result["rollout_decode_fraction"] = [round(x, 3) for x in decoded]
+    print(
+        f"{'round':>5}  {'bare generate() /s':>19}  {'rollout peer /s':>16}  {'ratio':>6}  "
+        f"{'decoding':>8}  {'+ scoring, records':>18}"
+    )
     for i, (a, b) in enumerate(zip(bare, roll, strict=True)):
-        print(f"{i:>5}  {a:>19.1f}  {b:>16.1f}  {b / a:>6.3f}")
+        print(f"{i:>5}  {a:>19.1f}  {b:>16.1f}  {b / a:>6.3f}  {decoded[i]:>8.1%}  {sampled[i]:>18.1%}")
     print(
         f"median ratio {result['ratio_median']:.3f} (target >= 0.9); {published} groups published, "
         f"{in_buckets} read back from the buckets; {swaps} adapter swaps (median {swap_ms:.1f} ms); "

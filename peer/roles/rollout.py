@@ -193,7 +193,7 @@ class _Publisher:
             batch = [self.queue.get()]
             while len(batch) < 64 and not self.queue.empty():  # publish what is waiting in one concurrent round
                 batch.append(self.queue.get_nowait())
-            stop = None in batch
+            stop = any(g is None for g in batch)  # `in` would compare records field by field
             groups = [g for g in batch if g is not None]
             try:
                 if groups:
@@ -271,7 +271,15 @@ class RolloutPeer:
         self.spec: RunSpec | None = None
         self.model = self.tokenizer = self.device = None
         self.version, self.sha = -1, ""
-        self.stats = {"groups": 0, "completions": 0, "batches": 0, "waited_s": 0.0, "swaps": 0, "sample_s": 0.0}
+        self.stats = {
+            "groups": 0,
+            "completions": 0,
+            "batches": 0,
+            "waited_s": 0.0,
+            "swaps": 0,
+            "sample_s": 0.0,
+            "decode_s": 0.0,
+        }
         self.versions_used: list[int] = []
         self.swap_seconds: list[float] = []
 
@@ -463,6 +471,7 @@ class RolloutPeer:
                 device=self.device,
                 generator=generator,
             )
+            self.stats["decode_s"] += time.perf_counter() - t0
             texts = batch.texts(self.tokenizer)
             rewards = [spec.task.reward(t, examples[i // s.group_size]) for i, t in enumerate(texts)]
             groups = build_groups(
