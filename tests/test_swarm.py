@@ -128,3 +128,47 @@ def test_client_mode_peer_reads_and_writes_through_a_full_peer():
                 beat.stop()
             assert [p.record.state for p in live_peers(full, include_leaving=True)] == ["leaving"]
             assert live_peers(full) == []
+
+
+@pytest.mark.timeout(120)  # before the fix the DHT process died and the caller hung
+def test_large_records_stored_from_many_threads_at_once_keep_the_dht_alive():
+    """Values near the 48 KiB limit, stored from several threads at once: each must land and the DHT live on
+    (through the command pipe, a message over 16 KiB is written in two parts and can kill the DHT process)."""
+    import threading
+
+    from peer.network.buckets import DHTBucketStore
+    from peer.network.swarm import NetworkConfig, join
+    from peer.protocol import Completion, GroupRecord, encode_tokens, fits_inline
+
+    def group(peer_id: str, version: int, seq: int) -> GroupRecord:
+        return GroupRecord(
+            version=version,
+            adapter_sha256="ab" * 32,
+            producer=peer_id,
+            seq=seq,
+            task_seed=1,
+            task_index=seq,
+            prompt_ids=encode_tokens([1, 2, 3]),
+            completions=[Completion.of([4] * 560, [-0.5] * 560) for _ in range(8)],
+            rewards=[0.0, 1.0] * 4,
+            created=time.time(),
+        )
+
+    with join(NetworkConfig.loopback(), "run") as a, join(NetworkConfig.loopback(a.visible_maddrs()), "run") as b:
+        store, errors = DHTBucketStore(b), []
+        sample = group(str(b.peer_id), 0, 0)
+        assert fits_inline(sample) and not fits_inline([sample, sample])  # ~36 KB: one group per entry
+
+        def publish(thread: int) -> None:
+            try:
+                store.publish_many([group(str(b.peer_id), thread, seq) for seq in range(0, 24, 2)])  # 12 entries
+            except Exception as e:  # noqa: BLE001 - collected and asserted below
+                errors.append(e)
+
+        threads = [threading.Thread(target=publish, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors and b.dht.is_alive() and a.dht.is_alive()
+        assert [DHTBucketStore(a).count(v, v) for v in range(4)] == [12, 12, 12, 12]
