@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each kind (interleaved)")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per batch (x G = 8 rows)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--linger", type=float, default=0.25, help="the rollout publisher's gathering time")
     parser.add_argument("--version-interval", type=float, default=1.0, help="seconds between new adapter versions")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
@@ -174,6 +175,7 @@ def main() -> None:
                 device="cpu",
                 batch_size=args.batch_size,
                 max_inflight=10**9,
+                publish_linger=args.linger,
             )
             peer = RolloutPeer(config).start()
             announcer = join(NetworkConfig.loopback(info["initial_peers"]), run_id)
@@ -234,6 +236,7 @@ def main() -> None:
         "adapter_swaps": swaps,
         "swap_ms_median": round(swap_ms, 2),
         "version_interval": args.version_interval,
+        "publish_linger": args.linger,
         "batch_size": args.batch_size,
         "group_size": 8,
         "threads": args.threads,

@@ -62,6 +62,7 @@ class RolloutConfig:
     cache_dir: Path = field(default_factory=default_cache_dir)
     heartbeat_interval: float = 10.0
     poll_interval: float = 0.5
+    publish_linger: float = 0.25  # seconds the publisher gathers groups into one store (fewer, fuller entries)
 
     def __post_init__(self):
         if self.batch_size is not None and self.batch_size < 1:
@@ -162,8 +163,9 @@ def build_groups(
 class _Publisher:
     """Publishes groups from a bounded queue on its own thread; a full queue blocks the sampler (backpressure)."""
 
-    def __init__(self, store, max_queued: int):
+    def __init__(self, store, max_queued: int, linger: float = 0.0):
         self.store = store
+        self.linger = linger
         self.queue: queue.Queue = queue.Queue(maxsize=max_queued)
         self.published = 0
         self.failed = 0
@@ -191,8 +193,13 @@ class _Publisher:
         stop = False
         while not stop:
             batch = [self.queue.get()]
-            while len(batch) < 64 and not self.queue.empty():  # publish what is waiting in one concurrent round
-                batch.append(self.queue.get_nowait())
+            # gather for up to `linger` seconds: fewer, fuller entries cost every DHT node less validation
+            deadline = time.monotonic() + self.linger
+            while len(batch) < 64 and batch[-1] is not None:
+                try:
+                    batch.append(self.queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
             stop = any(g is None for g in batch)  # `in` would compare records field by field
             groups = [g for g in batch if g is not None]
             try:
@@ -331,7 +338,9 @@ class RolloutPeer:
         self.follower = AdapterFollower(self.swarm, self.blobs, self.version, interval=c.poll_interval).start()
         self._closers.append(self.follower.stop)
         self.publisher = _Publisher(
-            DHTBucketStore(self.swarm, self.blobs, expiration=self._expiration()), 4 * self.batch_size
+            DHTBucketStore(self.swarm, self.blobs, expiration=self._expiration()),
+            4 * self.batch_size,
+            linger=c.publish_linger,
         )
         self._closers.append(self.publisher.close)
         self.store = self.publisher.store
