@@ -20,6 +20,7 @@ from peer.log import get_logger
 from peer.network.swarm import NetworkConfig
 from peer.protocol import manifest_key, owner_subkey, to_dht_value
 from peer.roles.adapters import announce_adapter
+from peer.roles.closers import Closers
 from peer.roles.rollout import default_cache_dir
 from peer.roles.run import key_fingerprint
 
@@ -55,7 +56,7 @@ class Host:
     def __init__(self, config: HostConfig):
         self.config = config
         self.swarm = self.blobs = self.heartbeat = self.manifest = None
-        self._closers: list = []
+        self._closers = Closers()
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
 
@@ -68,9 +69,9 @@ class Host:
         folder = model_folder(s.model, s.revision)
         v0 = adapter_v0(folder, s)
         self.swarm = join(c.network, s.run_id)
-        self._closers.append(self.swarm.shutdown)
+        self._closers.add(self.swarm.shutdown)
         self.blobs = BlobService(self.swarm.dht, BlobCache(c.cache_dir / "blobs"))
-        self._closers.append(self.blobs.close)
+        self._closers.add(self.blobs.close)
         self.manifest = build_manifest(s, folder, self.blobs.cache.put_bytes(v0), str(self.swarm.peer_id))
         for f in self.manifest.model.files:
             self.blobs.cache.adopt(folder / f.path, sha256=f.sha256)
@@ -79,10 +80,10 @@ class Host:
         self.heartbeat = Heartbeat(self.swarm, "coordinator", interval=c.heartbeat_interval)
         self.heartbeat.update(adapter_version=0, state="running")
         self.heartbeat.start()
-        self._closers.append(lambda: self.heartbeat.stop(leaving=True))
+        self._closers.add(lambda: self.heartbeat.stop(leaving=True))
         self._refresher = threading.Thread(target=self._refresh, name="manifest-refresh", daemon=True)
         self._refresher.start()
-        self._closers.append(self._stop_refresher)
+        self._closers.add(self._stop_refresher)
         logger.info("hosting run %s; others join with:\n  %s", s.run_id, self.join_command())
         return self
 
@@ -142,12 +143,7 @@ class Host:
         self._stop.set()
 
     def close(self) -> None:
-        while self._closers:
-            closer = self._closers.pop()
-            try:
-                closer()
-            except Exception as e:  # shutting down: say it, go on with the rest
-                logger.warning("while stopping: %s", e)
+        self._closers.close()
 
     def __enter__(self) -> Host:
         return self

@@ -107,7 +107,7 @@ class AdapterFollower:
         self.fetch_timeout = fetch_timeout
         self.held_version = held_version
         self.latest_seen: Announcement | None = None
-        self._ready: tuple[Announcement, bytes, float] | None = None
+        self._ready: tuple[Announcement, bytes] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -117,8 +117,8 @@ class AdapterFollower:
         self._thread.start()
         return self
 
-    def take(self) -> tuple[Announcement, bytes, float] | None:
-        """The newest prefetched (announcement, blob, seconds since it was first seen) not yet taken, if any."""
+    def take(self) -> tuple[Announcement, bytes] | None:
+        """The newest prefetched (announcement, blob) not yet taken, if any."""
         with self._lock:
             ready, self._ready = self._ready, None
         return ready
@@ -144,10 +144,9 @@ class AdapterFollower:
         if found is None:
             return
         with self._lock:
-            known = max(self.held_version, self._ready[0].version if self._ready else -1)
+            known = self._newest_known()
         if found.version <= known:
             return
-        first_seen = time.monotonic()
         if self.latest_seen is None or self.latest_seen.version < found.version:
             self.latest_seen = found
             logger.info(
@@ -163,9 +162,13 @@ class AdapterFollower:
         )
         blob = path.read_bytes()
         with self._lock:
-            if found.version > max(self.held_version, self._ready[0].version if self._ready else -1):
-                self._ready = (found, blob, time.monotonic() - first_seen)
+            if found.version > self._newest_known():
+                self._ready = (found, blob)
         self._wake.set()
+
+    def _newest_known(self) -> int:
+        """The newest version held or waiting to be taken (call with the lock held)."""
+        return max(self.held_version, self._ready[0].version if self._ready else -1)
 
     def _run(self) -> None:
         while not self._stop.is_set():

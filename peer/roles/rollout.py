@@ -37,12 +37,14 @@ from peer.model.sampling import Completions, sample_groups
 from peer.network.swarm import NetworkConfig
 from peer.protocol import Completion, GroupRecord, encode_tokens
 from peer.roles.adapters import AdapterFollower, announcements, newest_announcement
+from peer.roles.closers import Closers
 from peer.roles.run import RunSpec, key_fingerprint, prompt_seed, read_manifest, run_spec, sampling_seed
 
 logger = get_logger(__name__)
 
 CPU_BATCH_CAP = 16  # prompts; on the bundled model (1 thread) 16 prompts x 8 reach 0.90x the rate of 64 prompts
 CUDA_BATCH_CAP = 64
+BUCKET_EXPIRATION = 600.0  # s; bucket entries outlive the staleness window (docs/protocol.md, key table)
 
 
 def default_cache_dir() -> Path:
@@ -141,7 +143,7 @@ def build_groups(
         prompt = batch.prompt_ids[row][batch.prompt_mask[row].bool()].tolist()
         completions = []
         for r in range(row, row + G):
-            kept = [i for i, (t, m) in enumerate(zip(ids[r], cmask[r], strict=True)) if m]
+            kept = [i for i, m in enumerate(cmask[r]) if m]
             completions.append(Completion.of([ids[r][i] for i in kept], [min(0.0, logps[r][i]) for i in kept]))
         groups.append(
             GroupRecord(
@@ -273,7 +275,7 @@ class RolloutPeer:
     def __init__(self, config: RolloutConfig):
         self.config = config
         self._stop = threading.Event()
-        self._closers: list = []
+        self._closers = Closers()
         self.swarm = self.blobs = self.heartbeat = self.follower = self.publisher = None
         self.spec: RunSpec | None = None
         self.model = self.tokenizer = self.device = None
@@ -287,7 +289,7 @@ class RolloutPeer:
             "sample_s": 0.0,
             "decode_s": 0.0,
         }
-        self.versions_used: list[int] = []
+        self.versions_used: set[int] = set()
         self.swap_seconds: list[float] = []
 
     # --- start-up ------------------------------------------------------------------------------------------------
@@ -301,11 +303,11 @@ class RolloutPeer:
 
         c = self.config
         self.swarm = join(c.network, c.run_id)
-        self._closers.append(self.swarm.shutdown)
+        self._closers.add(self.swarm.shutdown)
         self.blobs = BlobService(self.swarm.dht, BlobCache(c.cache_dir / "blobs"))
-        self._closers.append(self.blobs.close)
+        self._closers.add(self.blobs.close)
         self.heartbeat = Heartbeat(self.swarm, "rollout", interval=c.heartbeat_interval).start()
-        self._closers.append(lambda: self.heartbeat.stop(leaving=True))
+        self._closers.add(lambda: self.heartbeat.stop(leaving=True))
 
         manifest, coordinator_key = read_manifest(self.swarm, c.coordinator)
         self.spec = spec = run_spec(manifest, coordinator_key)
@@ -336,16 +338,16 @@ class RolloutPeer:
         self.max_inflight = c.max_inflight or 2 * spec.groups_per_version
         self.seqs = _SeqCounter(c.network.identity_path, c.run_id)
         self.follower = AdapterFollower(self.swarm, self.blobs, self.version, interval=c.poll_interval).start()
-        self._closers.append(self.follower.stop)
+        self._closers.add(self.follower.stop)
         self.publisher = _Publisher(
-            DHTBucketStore(self.swarm, self.blobs, expiration=self._expiration()),
+            DHTBucketStore(self.swarm, self.blobs, expiration=BUCKET_EXPIRATION),
             4 * self.batch_size,
             linger=c.publish_linger,
         )
-        self._closers.append(self.publisher.close)
+        self._closers.add(self.publisher.close)
         self.store = self.publisher.store
         self.backlog = _Backlog(self.store, c.poll_interval, near=self.max_inflight // 2)
-        self._closers.append(self.backlog.stop)
+        self._closers.add(self.backlog.stop)
         self.heartbeat.update(
             state="running", adapter_version=self.version, stats={"batch_size": float(self.batch_size)}
         )
@@ -367,10 +369,6 @@ class RolloutPeer:
         peers = live_peers(self.swarm)
         peers.sort(key=lambda p: (p.record.role != "coordinator", p.record.peer_id))
         return [PeerID.from_base58(p.record.peer_id) for p in peers if p.record.peer_id != str(self.swarm.peer_id)]
-
-    def _expiration(self) -> float:
-        """Bucket entries live long enough for learners to consume them within the staleness window."""
-        return 600.0
 
     def _auto_batch(self) -> int:
         s = self.spec.sampling
@@ -424,7 +422,7 @@ class RolloutPeer:
         ready = self.follower.take()
         if ready is None:
             return False
-        announcement, blob, _ = ready
+        announcement, blob = ready
         if announcement.version > self.version:
             self._swap(announcement.version, announcement.sha256, blob)
             return True
@@ -490,7 +488,7 @@ class RolloutPeer:
             self.backlog.enqueued(self.version, len(groups))
             for group in groups:
                 self.publisher.put(group)
-            self.versions_used.append(self.version)
+            self.versions_used.add(self.version)
             self.stats["groups"] += n
             self.stats["completions"] += n * s.group_size
             self.stats["batches"] += 1
@@ -515,19 +513,14 @@ class RolloutPeer:
             "waited_seconds": round(self.stats["waited_s"], 3),
             "completions_per_second": round(self.stats["completions"] / seconds, 2) if seconds else 0.0,
             "adapter_version": self.version,
-            "versions_used": sorted(set(self.versions_used)),
+            "versions_used": sorted(self.versions_used),
             "batch_size": self.batch_size,
             "peer_id": producer,
         }
 
     def close(self) -> None:
         """Stop everything started, newest first (idempotent)."""
-        while self._closers:
-            closer = self._closers.pop()
-            try:
-                closer()
-            except Exception as e:  # shutting down: say it, go on with the rest
-                logger.warning("while stopping: %s", e)
+        self._closers.close()
 
     def __enter__(self) -> RolloutPeer:
         return self
