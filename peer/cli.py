@@ -149,8 +149,9 @@ def main(log_level: str | None) -> None:
 def demo() -> None:
     """Run a whole local swarm on the bundled tiny model (not built yet)."""
     click.echo(
-        "hivegrpo demo is not built yet: the local swarm needs the network roles. Meanwhile "
-        "`hivegrpo train-local` runs the synchronous GRPO loop on the bundled model and `hivegrpo eval` scores it.",
+        "hivegrpo demo is not built yet: the local swarm still needs the learner role. Meanwhile "
+        "`hivegrpo train-local` runs the synchronous GRPO loop on the bundled model, `hivegrpo eval` scores it, and "
+        "`hivegrpo host` + `hivegrpo join` run a swarm's coordinator and rollout peers (docs/rollout.md).",
         err=True,
     )
     sys.exit(1)
