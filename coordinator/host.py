@@ -21,8 +21,8 @@ from peer.network.swarm import NetworkConfig
 from peer.protocol import manifest_key, owner_subkey, to_dht_value
 from peer.roles.adapters import announce_adapter
 from peer.roles.closers import Closers
-from peer.roles.rollout import default_cache_dir
 from peer.roles.run import key_fingerprint
+from peer.roles.session import default_cache_dir
 
 logger = get_logger(__name__)
 

@@ -30,25 +30,19 @@ import torch
 
 from peer.errors import UserError
 from peer.log import get_logger
-from peer.model.adapter import AdapterError, adapter_to_bytes, attach_lora, load_adapter_bytes, sha256_hex
-from peer.model.config import ModelConfig
-from peer.model.loading import load_base
 from peer.model.sampling import Completions, sample_groups
 from peer.network.swarm import NetworkConfig
 from peer.protocol import Completion, GroupRecord, encode_tokens
-from peer.roles.adapters import AdapterFollower, announcements, newest_announcement
+from peer.roles.adapters import AdapterFollower
 from peer.roles.closers import Closers
-from peer.roles.run import RunSpec, key_fingerprint, prompt_seed, read_manifest, run_spec, sampling_seed
+from peer.roles.run import RunSpec, prompt_seed, sampling_seed
+from peer.roles.session import Session, SessionConfig, default_cache_dir, open_session
 
 logger = get_logger(__name__)
 
 CPU_BATCH_CAP = 16  # prompts; on the bundled model (1 thread) 16 prompts x 8 reach 0.90x the rate of 64 prompts
 CUDA_BATCH_CAP = 64
 BUCKET_EXPIRATION = 600.0  # s; bucket entries outlive the staleness window (docs/protocol.md, key table)
-
-
-def default_cache_dir() -> Path:
-    return Path("~/.cache/hivegrpo").expanduser()
 
 
 @dataclass(frozen=True)
@@ -73,6 +67,17 @@ class RolloutConfig:
             raise ValueError(f"max_groups must be >= 1, got {self.max_groups}")
         if self.max_inflight is not None and self.max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+
+    def session_config(self) -> SessionConfig:
+        return SessionConfig(
+            self.run_id,
+            self.network,
+            self.coordinator,
+            self.quantization,
+            self.device,
+            self.cache_dir,
+            self.heartbeat_interval,
+        )
 
 
 def auto_batch_size(model, device: torch.device, group_size: int, prompt_tokens: int, max_new_tokens: int) -> int:
@@ -276,10 +281,10 @@ class RolloutPeer:
         self.config = config
         self._stop = threading.Event()
         self._closers = Closers()
+        self.session: Session | None = None
         self.swarm = self.blobs = self.heartbeat = self.follower = self.publisher = None
         self.spec: RunSpec | None = None
         self.model = self.tokenizer = self.device = None
-        self.version, self.sha = -1, ""
         self.stats = {
             "groups": 0,
             "completions": 0,
@@ -290,50 +295,18 @@ class RolloutPeer:
             "decode_s": 0.0,
         }
         self.versions_used: set[int] = set()
-        self.swap_seconds: list[float] = []
 
     # --- start-up ------------------------------------------------------------------------------------------------
 
     def start(self) -> RolloutPeer:
-        from peer.network.blobs import BlobCache, BlobService
         from peer.network.buckets import DHTBucketStore
-        from peer.network.heartbeat import Heartbeat
-        from peer.network.swarm import join
-        from peer.roles.basemodel import fetch_from, resolve_base
 
         c = self.config
-        self.swarm = join(c.network, c.run_id)
-        self._closers.add(self.swarm.shutdown)
-        self.blobs = BlobService(self.swarm.dht, BlobCache(c.cache_dir / "blobs"))
-        self._closers.add(self.blobs.close)
-        self.heartbeat = Heartbeat(self.swarm, "rollout", interval=c.heartbeat_interval).start()
-        self._closers.add(lambda: self.heartbeat.stop(leaving=True))
-
-        manifest, coordinator_key = read_manifest(self.swarm, c.coordinator)
-        self.spec = spec = run_spec(manifest, coordinator_key)
-        logger.info(
-            "run %s: %s on %s (%s), G=%d, coordinator %s",
-            spec.run_id,
-            spec.task.name,
-            manifest.model.name,
-            manifest.model.quantization,
-            spec.sampling.group_size,
-            key_fingerprint(coordinator_key),
-        )
-        folder = resolve_base(
-            manifest.model, self.blobs.cache, c.cache_dir / "models", fetch_from(self.blobs, self._providers)
-        )
-        quantization = c.quantization or manifest.model.quantization
-        if quantization != manifest.model.quantization:
-            logger.warning(
-                "sampling with a %s base while the run uses %s: learners correct for it, but the groups are "
-                "more off-policy",
-                quantization,
-                manifest.model.quantization,
-            )
-        base = load_base(ModelConfig(name=str(folder), quantization=quantization, device=c.device))
-        self.model, self.tokenizer, self.device = attach_lora(base.model, spec.lora), base.tokenizer, base.device
-        self._load_initial_adapter()
+        self.session = session = open_session(c.session_config(), "rollout", self._closers)
+        self.swarm, self.blobs, self.heartbeat = session.swarm, session.blobs, session.heartbeat
+        self.spec = session.spec
+        self.model, self.tokenizer, self.device = session.model, session.tokenizer, session.device
+        spec = self.spec
         self.batch_size = c.batch_size or self._auto_batch()
         self.max_inflight = c.max_inflight or 2 * spec.groups_per_version
         self.seqs = _SeqCounter(c.network.identity_path, c.run_id)
@@ -360,38 +333,22 @@ class RolloutPeer:
         )
         return self
 
-    def _providers(self):
-        """Peers to ask for blobs: the live peers of the run, coordinator first (it seeds the model)."""
-        from hivemind.p2p import PeerID
+    @property
+    def version(self) -> int:
+        return self.session.version if self.session is not None else -1
 
-        from peer.network.heartbeat import live_peers
+    @property
+    def sha(self) -> str:
+        return self.session.sha if self.session is not None else ""
 
-        peers = live_peers(self.swarm)
-        peers.sort(key=lambda p: (p.record.role != "coordinator", p.record.peer_id))
-        return [PeerID.from_base58(p.record.peer_id) for p in peers if p.record.peer_id != str(self.swarm.peer_id)]
+    @property
+    def swap_seconds(self) -> list[float]:
+        return self.session.swap_seconds if self.session is not None else []
 
     def _auto_batch(self) -> int:
         s = self.spec.sampling
         prompt = self.tokenizer(self.spec.example(self.swarm.public_key, 0).prompt)["input_ids"]
         return auto_batch_size(self.model, self.device, s.group_size, 2 * len(prompt), s.max_new_tokens)
-
-    def _load_initial_adapter(self) -> None:
-        manifest = self.spec.manifest
-        found = newest_announcement(announcements(self.swarm))
-        v0 = adapter_to_bytes(self.model)
-        if found is None or (found.version == 0 and found.sha256 == sha256_hex(v0)):
-            if sha256_hex(v0) != manifest.adapter0_sha256:
-                raise AdapterError(
-                    f"adapter v0 built here hashes to {sha256_hex(v0)[:12]}…, the manifest says "
-                    f"{manifest.adapter0_sha256[:12]}… and no peer announces an adapter: this hivegrpo (or torch) "
-                    "version initialises LoRA differently from the host's; install the host's versions"
-                )
-            self.version, self.sha = 0, manifest.adapter0_sha256
-            return
-        from hivemind.p2p import PeerID
-
-        path = self.blobs.fetch(found.sha256, found.size, [PeerID.from_base58(p) for p in found.providers])
-        self._swap(found.version, found.sha256, path.read_bytes())
 
     # --- the loop ------------------------------------------------------------------------------------------------
 
@@ -401,21 +358,10 @@ class RolloutPeer:
             self.follower._wake.set()
 
     def _swap(self, version: int, sha: str, blob: bytes) -> None:
-        start = time.perf_counter()
-        load_adapter_bytes(self.model, blob, sha)
-        held = sha256_hex(adapter_to_bytes(self.model))
-        if held != sha:
-            raise AdapterError(
-                f"after loading adapter v{version} the model's adapter hashes to {held[:12]}…, not the announced "
-                f"{sha[:12]}…: the groups would carry a false version, so this peer stops; report it with the log"
-            )
-        self.version, self.sha = version, sha
+        self.session.swap(version, sha, blob)
         self.stats["swaps"] += 1
-        self.swap_seconds.append(time.perf_counter() - start)
         if self.follower is not None:
             self.follower.mark_held(version)
-        if self.heartbeat is not None:
-            self.heartbeat.update(adapter_version=version)
         logger.info("now sampling with adapter v%d (%s…)", version, sha[:12])
 
     def _follow(self) -> bool:

@@ -1,0 +1,157 @@
+"""What every model-holding peer of a run does first, and the adapter swap they share.
+
+A rollout peer and a learner start alike: join the swarm, start a blob service and a heartbeat, read the manifest,
+get the base model files (:mod:`peer.roles.basemodel`), load the base quantized as the manifest says, attach LoRA
+and take the newest adapter announced (or rebuild v0 and check it against the manifest). :func:`open_session`
+does all of that and returns a :class:`Session`; everything it started is registered with the caller's
+:class:`~peer.roles.closers.Closers`, so a failure half-way leaves nothing running.
+
+:meth:`Session.swap` loads an adapter blob in place and then hashes the adapter the model *actually holds*: a
+mismatch is an error, never a warning, because every group or update made afterwards would carry a false version.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from peer.log import get_logger
+from peer.model.adapter import AdapterError, adapter_to_bytes, attach_lora, load_adapter_bytes, sha256_hex
+from peer.model.config import ModelConfig
+from peer.model.loading import load_base
+from peer.network.swarm import NetworkConfig
+from peer.roles.adapters import announcements, newest_announcement
+from peer.roles.closers import Closers
+from peer.roles.run import RunSpec, key_fingerprint, read_manifest, run_spec
+
+logger = get_logger(__name__)
+
+
+def default_cache_dir() -> Path:
+    return Path("~/.cache/hivegrpo").expanduser()
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """The start-up settings a rollout peer and a learner share."""
+
+    run_id: str
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    coordinator: str | None = None  # fingerprint of the host's key; None: the only manifest there is
+    quantization: str | None = None  # None: as the manifest says
+    device: str = "auto"
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    heartbeat_interval: float = 10.0
+
+
+@dataclass
+class Session:
+    """A started peer of a run holding the base model with an adapter: ``version``/``sha`` is what it holds."""
+
+    swarm: object
+    blobs: object
+    heartbeat: object
+    spec: RunSpec
+    model: object
+    tokenizer: object
+    device: object
+    version: int = -1
+    sha: str = ""
+    blob: bytes = b""  # the held adapter's bytes (hash == sha)
+    swap_seconds: list[float] = field(default_factory=list)
+
+    def providers(self):
+        """Peers to ask for blobs: the live peers of the run, coordinator first (it seeds the model)."""
+        from hivemind.p2p import PeerID
+
+        from peer.network.heartbeat import live_peers
+
+        peers = live_peers(self.swarm)
+        peers.sort(key=lambda p: (p.record.role != "coordinator", p.record.peer_id))
+        return [PeerID.from_base58(p.record.peer_id) for p in peers if p.record.peer_id != str(self.swarm.peer_id)]
+
+    def swap(self, version: int, sha: str, blob: bytes, *, quiet: bool = False) -> None:
+        """Load adapter ``version`` in place; AdapterError unless the model then holds exactly ``sha``.
+
+        ``quiet``: a short visit (a learner's spot check under an older version) — the heartbeat is left alone.
+        """
+        start = time.perf_counter()
+        load_adapter_bytes(self.model, blob, sha)
+        held = sha256_hex(adapter_to_bytes(self.model))
+        if held != sha:
+            raise AdapterError(
+                f"after loading adapter v{version} the model's adapter hashes to {held[:12]}…, not the announced "
+                f"{sha[:12]}…: what this peer makes would carry a false version, so it stops; report it with the log"
+            )
+        self.version, self.sha, self.blob = version, sha, blob
+        self.swap_seconds.append(time.perf_counter() - start)
+        if not quiet:
+            self.heartbeat.update(adapter_version=version)
+
+    def fetch_adapter(self, sha: str, size: int, providers) -> bytes:
+        from hivemind.p2p import PeerID
+
+        return self.blobs.fetch(sha, size, [PeerID.from_base58(p) for p in providers]).read_bytes()
+
+
+def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
+    """Join, read the manifest, load the base with LoRA and the newest adapter; see the module docstring."""
+    from peer.network.blobs import BlobCache, BlobService
+    from peer.network.heartbeat import Heartbeat
+    from peer.network.swarm import join
+    from peer.roles.basemodel import fetch_from, resolve_base
+
+    c = config
+    swarm = join(c.network, c.run_id)
+    closers.add(swarm.shutdown)
+    blobs = BlobService(swarm.dht, BlobCache(c.cache_dir / "blobs"))
+    closers.add(blobs.close)
+    heartbeat = Heartbeat(swarm, role, interval=c.heartbeat_interval).start()
+    closers.add(lambda: heartbeat.stop(leaving=True))
+
+    manifest, coordinator_key = read_manifest(swarm, c.coordinator)
+    spec = run_spec(manifest, coordinator_key)
+    logger.info(
+        "run %s: %s on %s (%s), G=%d, coordinator %s",
+        spec.run_id,
+        spec.task.name,
+        manifest.model.name,
+        manifest.model.quantization,
+        spec.sampling.group_size,
+        key_fingerprint(coordinator_key),
+    )
+    session = Session(swarm, blobs, heartbeat, spec, None, None, None)
+    folder = resolve_base(manifest.model, blobs.cache, c.cache_dir / "models", fetch_from(blobs, session.providers))
+    quantization = c.quantization or manifest.model.quantization
+    if quantization != manifest.model.quantization:
+        logger.warning(
+            "loading a %s base while the run uses %s: the log-probs differ from the other peers', so groups are "
+            "more off-policy (and a learner's spot checks may refuse honest ones)",
+            quantization,
+            manifest.model.quantization,
+        )
+    base = load_base(ModelConfig(name=str(folder), quantization=quantization, device=c.device))
+    session.model, session.tokenizer, session.device = attach_lora(base.model, spec.lora), base.tokenizer, base.device
+    _load_newest_adapter(session)
+    return session
+
+
+def _load_newest_adapter(session: Session) -> None:
+    manifest = session.spec.manifest
+    found = newest_announcement(announcements(session.swarm))
+    v0 = adapter_to_bytes(session.model)
+    if found is None or (found.version == 0 and found.sha256 == sha256_hex(v0)):
+        if sha256_hex(v0) != manifest.adapter0_sha256:
+            raise AdapterError(
+                f"adapter v0 built here hashes to {sha256_hex(v0)[:12]}…, the manifest says "
+                f"{manifest.adapter0_sha256[:12]}… and no peer announces an adapter: this hivegrpo (or torch) "
+                "version initialises LoRA differently from the host's; install the host's versions"
+            )
+        session.version, session.sha, session.blob = 0, manifest.adapter0_sha256, v0
+        session.heartbeat.update(adapter_version=0)
+        return
+    session.swap(found.version, found.sha256, session.fetch_adapter(found.sha256, found.size, found.providers))
+
+
+__all__ = ["Session", "SessionConfig", "default_cache_dir", "open_session"]
