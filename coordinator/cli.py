@@ -57,7 +57,10 @@ def host_cmd(
         host.start()
         if info_file:
             host.write_info(info_file)
-        click.echo(f"hosting run {run_id}. Rollout peers join with:\n  {host.join_command('join')}")
+        click.echo(
+            f"hosting run {run_id}. Rollout peers join with:\n  {host.join_command('join')}\n"
+            f"Learners join with:\n  {host.join_command('learn')}"
+        )
         _stop_on_signals(host.request_stop)
         host.wait()
     finally:

@@ -228,6 +228,102 @@ def join_cmd(
         )
 
 
+@main.command("learn")
+@_network_options
+@click.option("--run-id", required=True, help="The run to learn for, as the host printed it.")
+@click.option("--coordinator", default=None, help="Fingerprint of the host's key, as the host printed it.")
+@click.option(
+    "--quantization",
+    type=click.Choice(["nf4", "int8", "none"]),
+    default=None,
+    help="Base weights as nf4/int8 (bitsandbytes) or none. Default: what the run's manifest says.",
+)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option(
+    "--checkpoint-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write checkpoints here (adapter, optimizer state, version, bans) and resume from them.",
+)
+@click.option("--checkpoint-every", type=click.IntRange(1), default=10, show_default=True, help="Versions.")
+@click.option("--max-versions", type=click.IntRange(1), default=None, help="Stop after making this many versions.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True)
+@click.option(
+    "--share-cap",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.5,
+    show_default=True,
+    help="Most of one update a single peer may provide, while other peers contribute too.",
+)
+@click.option(
+    "--check-rate",
+    type=click.FloatRange(0, 1),
+    default=0.1,
+    show_default=True,
+    help="Fraction of groups whose behaviour log-probs are recomputed here.",
+)
+@click.option(
+    "--logprob-tolerance",
+    type=click.FloatRange(min=0, min_open=True),
+    default=0.05,
+    show_default=True,
+    help="Largest per-token log-prob difference a spot check accepts.",
+)
+@click.option("--ledger", type=click.Path(dir_okay=False), default=None, help="Append per-version JSON lines here.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default="~/.cache/hivegrpo", show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (CPU).")
+@click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object.")
+def learn_cmd(
+    run_id,
+    coordinator,
+    quantization,
+    device,
+    checkpoint_dir,
+    checkpoint_every,
+    max_versions,
+    lr,
+    share_cap,
+    check_rate,
+    logprob_tolerance,
+    ledger,
+    cache_dir,
+    threads,
+    as_json,
+    **network,
+):
+    """Join a swarm as a learner: verify the buckets' groups and turn them into adapter versions."""
+    from pathlib import Path
+
+    _threads(threads)
+    from peer.roles.learner import LearnerConfig, run_learner
+
+    config = LearnerConfig(
+        run_id=run_id,
+        network=_network_config(**network),
+        coordinator=coordinator,
+        quantization=quantization,
+        device=device,
+        cache_dir=Path(cache_dir).expanduser(),
+        checkpoint_dir=Path(checkpoint_dir).expanduser() if checkpoint_dir else None,
+        checkpoint_every=checkpoint_every,
+        max_versions=max_versions,
+        lr=lr,
+        share_cap=share_cap,
+        check_rate=check_rate,
+        logprob_tolerance=logprob_tolerance,
+        ledger=Path(ledger).expanduser() if ledger else None,
+    )
+    result = run_learner(config, on_ready=lambda peer: _stop_on_signals(peer.request_stop))
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        banned = f", banned {', '.join(result['banned'])}" if result["banned"] else ""
+        click.echo(
+            f"made {result['versions_made']} versions (now v{result['adapter_version']}) from "
+            f"{result['groups_accepted']} groups ({result['groups_per_second']:.2f}/s){banned}"
+        )
+
+
 @main.command("eval")
 @_model_options
 @_task_options

@@ -154,6 +154,7 @@ def metrics(**fields) -> MetricsRecord:
         reward_mean=0.42,
         exact_match=None,
         step_seconds=2.5,
+        banned=[],
         created=9.0,
     )
     values.update(fields)

@@ -85,6 +85,7 @@ def metrics(**fields) -> MetricsRecord:
         reward_mean=0.5,
         exact_match=None,
         step_seconds=1.0,
+        banned=[],
         created=1.0,
     )
     values.update(fields)

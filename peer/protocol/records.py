@@ -32,6 +32,7 @@ from peer.protocol.codec import (
     encode_tokens,
 )
 from peer.protocol.limits import (
+    MAX_BANNED,
     MAX_BLOB_BYTES,
     MAX_COMPLETION_TOKENS,
     MAX_GROUP_BATCH_BYTES,
@@ -478,6 +479,7 @@ class MetricsRecord(_Record):
     reward_mean: Fraction
     exact_match: Fraction | None = pydantic.Field(...)
     step_seconds: NonNegative
+    banned: pydantic.conlist(pydantic.constr(strict=True, regex=r"[0-9a-f]{16}\Z"), max_items=MAX_BANNED)
     created: Timestamp
 
     _reasons_bounded = pydantic.validator("groups_rejected", allow_reuse=True)(

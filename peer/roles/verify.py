@@ -20,7 +20,19 @@ from collections.abc import Callable
 from peer.protocol import GroupRecord
 from peer.roles.run import RunSpec, prompt_seed
 
-REASONS = ("shape", "vocabulary", "version", "prompt", "reward", "logprobs")
+REASONS = (
+    "shape",
+    "vocabulary",
+    "version",
+    "prompt",
+    "reward",
+    "logprobs",
+    # a learner's intake (peer.roles.intake) adds these
+    "schema",
+    "replay",
+    "unknown_version",
+    "surplus",
+)
 REWARD_TOLERANCE = 1e-6
 
 

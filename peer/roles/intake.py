@@ -1,0 +1,216 @@
+"""A learner's intake: what it does with every group it reads, before anything learns from it.
+
+Pure logic over :class:`~peer.network.buckets.Fetched` entries (no model, no network), so every rule is unit-tested
+with an in-memory bucket store. For each entry, in order:
+
+1. a signer already **banned** is ignored (counted, never looked at again);
+2. an entry that did not parse is refused as ``schema`` (not banned: a blob may have been cut in transit);
+3. a ``seq`` the signer already used — in any version's bucket — is a **replay**: refused, signer banned;
+4. a group more than ``tau_max`` versions behind is dropped as stale;
+5. :func:`~peer.roles.verify.check_group` (shape, vocabulary, adapter version + sha256, the prompt re-derived from
+   the signer's seed and seq, every reward recomputed): a refusal bans the signer — except an adapter version this
+   learner does not know, which is refused as ``unknown_version`` and forgiven (it may come from before a restart);
+6. a sample (``check_rate``, drawn from this learner's private randomness, so a producer cannot predict it) waits
+   for the caller to recompute its behaviour log-probs (:meth:`Intake.pending_checks` / :meth:`Intake.checked`);
+   the rest are admitted to the pool.
+
+A ban removes the signer's groups from the pool at once: nothing a liar sent after it was caught reaches an
+update, and nothing it sent at all when the lie is in its first groups (the usual case).
+
+:meth:`Intake.take` picks the next update's groups, freshest first, with a **per-peer cap**: no signer provides
+more than ``ceil(max(share_cap, 1 / contributors) x n)`` of the ``n`` groups, where *contributors* are the signers
+with a verified group in the staleness window. One peer alone may fill an update; with two or more, a flooding
+peer is held to its cap and the update waits for the others. The pool keeps at most ``n x (tau_max + 1)`` groups
+per signer (the oldest surplus is dropped), so a flood cannot grow the learner's memory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from peer.network.buckets import Fetched
+from peer.protocol import GroupRecord
+from peer.roles.run import RunSpec, key_fingerprint
+from peer.roles.verify import Refused, check_group
+
+FORGIVEN = ("schema", "unknown_version", "surplus")
+"""Refusal reasons that do not ban the signer."""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A verified group waiting for an update, with the key that signed it."""
+
+    owner: bytes
+    group: GroupRecord
+
+    @property
+    def id(self) -> tuple[str, int, int]:
+        return (key_fingerprint(self.owner), self.group.version, self.group.seq)
+
+
+class Intake:
+    """Verification, bans, replay detection, the pool and the per-peer cap (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        tokenizer,
+        *,
+        batch: int,
+        share_cap: float = 0.5,
+        check_rate: float = 0.1,
+        rng: random.Random | None = None,
+    ):
+        if not 0.0 < share_cap <= 1.0:
+            raise ValueError(f"share_cap must be in (0, 1], got {share_cap}")
+        if not 0.0 <= check_rate <= 1.0:
+            raise ValueError(f"check_rate must be in [0, 1], got {check_rate}")
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.batch = batch
+        self.share_cap = share_cap
+        self.check_rate = check_rate
+        self.rng = rng or random.Random(os.urandom(16))
+        self.known: dict[int, str] = {}  # adapter version -> sha256 of this learner's lineage
+        self.banned: dict[bytes, str] = {}  # signer -> why
+        self.seqs: dict[bytes, set[int]] = defaultdict(set)  # every seq seen per signer (replays)
+        self.pool: dict[bytes, list[Accepted]] = defaultdict(list)
+        self.last_verified: dict[bytes, int] = {}  # signer -> newest version of a verified group
+        self._pending: list[Accepted] = []
+        self.counts: Counter = Counter()  # ignored_banned, dropped_stale, checked, admitted
+        self.rejected: Counter = Counter()  # reason -> groups
+
+    # --- reading ---------------------------------------------------------------------------------------------------
+
+    def add(self, fetched: Fetched, version: int) -> str | None:
+        """Take one entry read from a bucket while the learner holds ``version``.
+
+        Returns None (verified), ``"banned"`` (its signer is), ``"stale"``, or the :class:`Refused` sentence.
+        """
+        owner = fetched.owner
+        if owner in self.banned:
+            self.counts["ignored_banned"] += 1
+            return "banned"
+        if fetched.group is None:
+            return self._refuse(owner, Refused("schema", fetched.error or "unreadable entry"))
+        group = fetched.group
+        if group.seq in self.seqs[owner]:
+            return self._refuse(owner, Refused("replay", f"seq {group.seq} was already published by this signer"))
+        self.seqs[owner].add(group.seq)
+        if version - group.version > self.spec.staleness.tau_max:
+            self.counts["dropped_stale"] += 1
+            return "stale"
+        if group.version not in self.known:
+            return self._refuse(owner, Refused("unknown_version", f"adapter v{group.version} is not in this lineage"))
+        refused = check_group(group, owner, self.spec, self.tokenizer, self.known.get)
+        if refused is not None:
+            return self._refuse(owner, refused)
+        self.last_verified[owner] = max(group.version, self.last_verified.get(owner, -1))
+        accepted = Accepted(owner, group)
+        if self.check_rate and self.rng.random() < self.check_rate:
+            self._pending.append(accepted)
+        else:
+            self._admit(accepted)
+        return None
+
+    def pending_checks(self) -> list[Accepted]:
+        """Groups drawn for a log-prob check (then pass each to :meth:`checked`)."""
+        pending, self._pending = self._pending, []
+        return [a for a in pending if a.owner not in self.banned]
+
+    def checked(self, accepted: Accepted, refused: Refused | None) -> None:
+        self.counts["checked"] += 1
+        if refused is not None:
+            self._refuse(accepted.owner, refused)
+        elif accepted.owner not in self.banned:
+            self._admit(accepted)
+
+    def ban(self, owner: bytes, reason: str) -> None:
+        if owner not in self.banned:
+            self.banned[owner] = reason
+            self.counts["purged"] += len(self.pool.pop(owner, []))
+            self.last_verified.pop(owner, None)
+
+    # --- the next update -------------------------------------------------------------------------------------------
+
+    def drop_stale(self, version: int) -> None:
+        oldest = version - self.spec.staleness.tau_max
+        for groups in self.pool.values():
+            kept = [a for a in groups if a.group.version >= oldest]
+            self.counts["dropped_stale"] += len(groups) - len(kept)
+            groups[:] = kept
+
+    def contributors(self, version: int) -> int:
+        oldest = version - self.spec.staleness.tau_max
+        return sum(1 for v in self.last_verified.values() if v >= oldest)
+
+    def cap(self, version: int) -> int:
+        """The most groups one signer may give to the next update."""
+        share = max(self.share_cap, 1.0 / max(1, self.contributors(version)))
+        return max(1, math.ceil(share * self.batch - 1e-9))
+
+    def waiting(self) -> int:
+        return sum(len(groups) for groups in self.pool.values())
+
+    def take(self, version: int) -> list[Accepted] | None:
+        """The next update's ``batch`` groups (freshest first, capped per signer), or None while there are too few."""
+        self.drop_stale(version)
+        cap = self.cap(version)
+        if sum(min(cap, len(groups)) for groups in self.pool.values()) < self.batch:
+            return None
+        candidates = sorted(
+            ((a, i) for groups in self.pool.values() for i, a in enumerate(groups)),
+            key=lambda ai: (-ai[0].group.version, ai[0].group.created, ai[1]),
+        )
+        chosen: list[Accepted] = []
+        per_owner: Counter = Counter()
+        for accepted, _ in candidates:
+            if per_owner[accepted.owner] < cap:
+                chosen.append(accepted)
+                per_owner[accepted.owner] += 1
+                if len(chosen) == self.batch:
+                    break
+        taken = {id(a) for a in chosen}
+        for owner in list(self.pool):
+            self.pool[owner] = [a for a in self.pool[owner] if id(a) not in taken]
+        return chosen
+
+    # --- state for checkpoints -------------------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        return {
+            "banned": {owner.hex(): reason for owner, reason in self.banned.items()},
+            "seqs": {owner.hex(): sorted(seqs) for owner, seqs in self.seqs.items()},
+        }
+
+    def restore(self, state: dict) -> None:
+        for owner, reason in state.get("banned", {}).items():
+            self.banned[bytes.fromhex(owner)] = reason
+        for owner, seqs in state.get("seqs", {}).items():
+            self.seqs[bytes.fromhex(owner)].update(int(s) for s in seqs)
+
+    # --- internals -------------------------------------------------------------------------------------------------
+
+    def _refuse(self, owner: bytes, refused: Refused) -> Refused:
+        self.rejected[refused.reason] += 1
+        if refused.reason not in FORGIVEN:
+            self.ban(owner, str(refused))
+        return refused
+
+    def _admit(self, accepted: Accepted) -> None:
+        groups = self.pool[accepted.owner]
+        groups.append(accepted)
+        bound = self.batch * (self.spec.staleness.tau_max + 1)
+        if len(groups) > bound:
+            groups.sort(key=lambda a: (a.group.version, a.group.seq))
+            self.rejected["surplus"] += len(groups) - bound
+            del groups[: len(groups) - bound]
+        self.counts["admitted"] += 1
+
+
+__all__ = ["FORGIVEN", "Accepted", "Intake"]

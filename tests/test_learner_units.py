@@ -1,0 +1,258 @@
+"""A learner's logic without a network: the intake (verification, bans, replays, staleness, the per-peer cap, the
+pool bound), packing groups into the loss's tensors, one update, and checkpoints. Groups are really sampled from
+the bundled model, so every check runs against honest data first."""
+
+import hashlib
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from coordinator.manifest import RunSettings, build_manifest
+from peer.errors import UserError
+from peer.grpo import staleness_weight
+from peer.model.loading import bundled_path
+from peer.network.buckets import Fetched
+from peer.protocol import GroupRecord
+from peer.roles.intake import Intake
+from peer.roles.learner import batch_tensors, learn_step, read_checkpoint, write_checkpoint
+from peer.roles.rollout import build_groups
+from peer.roles.run import key_fingerprint, run_spec
+
+PEER_ID = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
+A = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/peer-a=="
+B = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/peer-b=="
+C = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/peer-c=="
+SHA0 = hashlib.sha256(b"adapter v0").hexdigest()
+SHA1 = hashlib.sha256(b"adapter v1").hexdigest()
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from peer.model.adapter import attach_lora
+    from peer.model.config import LoRAConfig, ModelConfig
+    from peer.model.loading import load_base
+    from peer.model.sampling import sample_groups
+
+    manifest = build_manifest(RunSettings(run_id="r"), bundled_path(), "0" * 64, PEER_ID)
+    spec = run_spec(manifest, A)
+    base = load_base(ModelConfig(device="cpu", quantization="none"))
+    torch.manual_seed(0)
+    model = attach_lora(base.model, LoRAConfig())
+    s = spec.sampling
+    groups = {}
+    for owner, n in ((A, 12), (B, 4), (C, 2)):
+        examples = [spec.example(owner, seq) for seq in range(n)]
+        batch = sample_groups(
+            model,
+            base.tokenizer,
+            [e.prompt for e in examples],
+            group_size=s.group_size,
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            device=torch.device("cpu"),
+            generator=torch.Generator().manual_seed(1),
+        )
+        rewards = [spec.task.reward(t, examples[i // s.group_size]) for i, t in enumerate(batch.texts(base.tokenizer))]
+        groups[owner] = build_groups(
+            batch, rewards, range(n), spec, version=0, sha=SHA0, owner=owner, producer=PEER_ID
+        )
+    return SimpleNamespace(spec=spec, model=model, tokenizer=base.tokenizer, groups=groups)
+
+
+def intake(setup, batch=4, share_cap=0.5, check_rate=0.0) -> Intake:
+    it = Intake(
+        setup.spec, setup.tokenizer, batch=batch, share_cap=share_cap, check_rate=check_rate, rng=random.Random(3)
+    )
+    it.known.update({0: SHA0, 1: SHA1})
+    return it
+
+
+def entry(owner: bytes, group: GroupRecord) -> Fetched:
+    return Fetched(owner, group.version, group.seq, group)
+
+
+def changed(group: GroupRecord, **fields) -> GroupRecord:
+    return GroupRecord(**{**group.dict(), **fields})
+
+
+def test_honest_groups_are_admitted_and_taken_once(setup):
+    it = intake(setup)
+    for g in setup.groups[A][:3]:
+        assert it.add(entry(A, g), 0) is None
+    assert it.take(0) is None, "three groups are not an update of four"
+    assert it.add(entry(A, setup.groups[A][3]), 0) is None
+    chosen = it.take(0)
+    assert sorted(a.group.seq for a in chosen) == [0, 1, 2, 3]
+    assert it.take(0) is None and it.waiting() == 0
+    assert not it.banned and not it.rejected
+
+
+def test_an_inflated_reward_bans_its_signer_and_purges_what_it_sent(setup):
+    it = intake(setup)
+    honest = setup.groups[B]
+    assert it.add(entry(B, honest[0]), 0) is None
+    lie = honest[1]
+    inflated = changed(lie, rewards=[1.0] * len(lie.rewards))
+    assert inflated.rewards != lie.rewards, "the sampled group was already all right; pick another"
+    refused = it.add(entry(B, inflated), 0)
+    assert refused.reason == "reward" and B in it.banned
+    assert it.waiting() == 0 and it.counts["purged"] == 1, "its earlier, honest-looking group left the pool too"
+    assert it.add(entry(B, honest[2]), 0) == "banned"
+    assert it.counts["ignored_banned"] == 1
+
+
+def test_a_replayed_seq_is_refused_in_any_version_and_bans(setup):
+    it = intake(setup)
+    g = setup.groups[C][0]
+    assert it.add(entry(C, g), 0) is None
+    replay = changed(g, version=1, adapter_sha256=SHA1)  # the same prompt and answers, re-tagged as fresh
+    refused = it.add(Fetched(C, 1, g.seq, replay), 1)
+    assert refused.reason == "replay" and C in it.banned
+
+
+def test_stale_unknown_and_unreadable_entries_are_not_banned(setup):
+    it = intake(setup)
+    g = setup.groups[A][0]
+    assert it.add(entry(A, g), setup.spec.staleness.tau_max + 1) == "stale"
+    unknown = changed(setup.groups[A][1], version=7, adapter_sha256="7" * 64)
+    assert it.add(Fetched(A, 7, unknown.seq, unknown), 7).reason == "unknown_version"
+    assert it.add(Fetched(A, 0, 99, None, "cut short"), 0).reason == "schema"
+    assert not it.banned and it.counts["dropped_stale"] == 1
+    assert it.rejected == {"unknown_version": 1, "schema": 1}
+
+
+def test_a_wrong_adapter_hash_or_someone_elses_prompt_bans(setup):
+    it = intake(setup)
+    g = setup.groups[A][0]
+    assert it.add(entry(A, changed(g, adapter_sha256=SHA1)), 0).reason == "version"
+    it2 = intake(setup)
+    assert it2.add(entry(B, setup.groups[A][1]), 0).reason == "prompt"  # A's group re-signed by B
+    assert A in it.banned and B in it2.banned
+
+
+def test_groups_go_stale_in_the_pool(setup):
+    it = intake(setup)
+    for g in setup.groups[A][:4]:
+        it.add(entry(A, g), 0)
+    assert it.take(setup.spec.staleness.tau_max + 1) is None
+    assert it.counts["dropped_stale"] == 4 and it.waiting() == 0
+
+
+def test_the_share_cap_holds_a_flooding_peer_while_others_contribute(setup):
+    it = intake(setup, batch=4, share_cap=0.5)
+    for g in setup.groups[A]:
+        it.add(entry(A, g), 0)
+    assert it.cap(0) == 4, "alone, a peer may fill an update"
+    it.add(entry(B, setup.groups[B][0]), 0)
+    assert it.contributors(0) == 2 and it.cap(0) == 2
+    assert it.take(0) is None, "A may give 2 of 4, B has 1: the update waits for more of B"
+    it.add(entry(B, setup.groups[B][1]), 0)
+    chosen = it.take(0)
+    assert sorted(key_fingerprint(a.owner) for a in chosen) == sorted(
+        [key_fingerprint(A)] * 2 + [key_fingerprint(B)] * 2
+    )
+
+
+def test_the_pool_keeps_a_bounded_number_per_peer(setup):
+    it = intake(setup, batch=1)
+    bound = setup.spec.staleness.tau_max + 1
+    for g in setup.groups[A][: bound + 3]:
+        it.add(entry(A, g), 0)
+    assert it.waiting() == bound and it.rejected["surplus"] == 3
+    assert sorted(a.group.seq for a in it.pool[A]) == list(range(3, bound + 3)), "the oldest surplus goes"
+
+
+def test_spot_checked_groups_wait_for_their_check(setup):
+    it = intake(setup, check_rate=1.0)
+    g0, g1 = setup.groups[A][:2]
+    it.add(entry(A, g0), 0)
+    it.add(entry(A, g1), 0)
+    assert it.waiting() == 0
+    first, second = it.pending_checks()
+    it.checked(first, None)
+    assert it.waiting() == 1
+    from peer.roles.verify import Refused
+
+    it.checked(second, Refused("logprobs", "off by 3"))
+    assert A in it.banned and it.waiting() == 0
+
+
+def test_spot_checks_catch_forged_logprobs_on_the_real_model(setup):
+    from peer.protocol import Completion
+    from peer.roles.verify import check_logprobs
+
+    g = setup.groups[A][0]
+    assert check_logprobs(setup.model, g, setup.spec, 1e-3) is None
+    forged = changed(
+        g, completions=[Completion.of(c.tokens(), [-0.01] * len(c.tokens())) for c in g.completions]
+    )  # "the model was sure": ratios computed against these would be wrong
+    assert check_logprobs(setup.model, forged, setup.spec, 0.05).reason == "logprobs"
+
+
+def test_intake_state_round_trips(setup):
+    it = intake(setup)
+    it.add(entry(A, setup.groups[A][0]), 0)
+    it.ban(C, "reward: lied")
+    again = intake(setup)
+    again.restore(it.state())
+    assert again.banned == {C: "reward: lied"} and again.seqs[A] == {0}
+    assert again.add(entry(A, setup.groups[A][0]), 1).reason == "replay"
+
+
+def test_batch_tensors_and_one_update_move_only_the_adapter(setup):
+    from peer.model.adapter import adapter_to_bytes, lora_parameters
+
+    it = intake(setup, batch=4)
+    for g in setup.groups[A][:4]:
+        it.add(entry(A, g), 0)
+    chosen = it.take(2)  # held at v2: these v0 groups are 2 versions stale
+    batch = batch_tensors(chosen, 2, setup.spec, setup.tokenizer.pad_token_id, torch.device("cpu"))
+    G = setup.spec.sampling.group_size
+    assert batch.completion_ids.shape[0] == 4 * G and batch.rewards.shape == (4, G)
+    assert torch.allclose(batch.weights, torch.full((4 * G,), staleness_weight(2, setup.spec.staleness)))
+    for row, a in enumerate(chosen):
+        c = a.group.completions[0]
+        n = len(c.tokens())
+        assert (
+            batch.completion_ids[row * G, :n].tolist() == c.tokens() and int(batch.completion_mask[row * G].sum()) == n
+        )
+        assert batch.prompt_ids[row * G][batch.prompt_mask[row * G].bool()].tolist() == a.group.prompt_tokens()
+    if not bool(batch.advantages.ne(0).any()):
+        pytest.skip("every sampled group had equal rewards")
+    base_before = {n: p.detach().clone() for n, p in setup.model.named_parameters() if "lora_" not in n}
+    adapter_before = adapter_to_bytes(setup.model)
+    optimizer = torch.optim.AdamW(lora_parameters(setup.model), lr=2e-3)
+    stats = learn_step(setup.model, batch, setup.spec, optimizer, 1.0)
+    assert stats is not None and stats["rows"] > 0 and 0.0 <= stats["clip_fraction"] <= 1.0
+    assert adapter_to_bytes(setup.model) != adapter_before
+    for n, p in setup.model.named_parameters():
+        if "lora_" not in n:
+            assert torch.equal(p, base_before[n]), f"base weight {n} changed"
+
+
+def test_an_update_without_signal_changes_nothing(setup):
+    it = intake(setup, batch=2)
+    flat = [changed(g, rewards=[0.0] * len(g.rewards)) for g in setup.groups[A][:2]]
+    chosen = [SimpleNamespace(owner=A, group=g) for g in flat]
+    batch = batch_tensors(chosen, 0, setup.spec, 0, torch.device("cpu"))
+    assert learn_step(setup.model, batch, setup.spec, None, 1.0) is None
+    assert it.waiting() == 0
+
+
+def test_checkpoints_round_trip_and_refuse_a_corrupt_one(tmp_path):
+    adapter = b"adapter bytes"
+    meta = {"run_id": "r", "version": 3, "sha256": hashlib.sha256(adapter).hexdigest(), "parent_sha256": "p"}
+    state = {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 2e-3, "params": [0]}]}
+    directory = tmp_path / "ck"
+    write_checkpoint(directory, meta, adapter, state)
+    write_checkpoint(directory, {**meta, "version": 4}, adapter, state)  # replaces the previous one whole
+    got_meta, got_adapter, got_state = read_checkpoint(directory)
+    assert got_meta["version"] == 4 and got_adapter == adapter
+    assert torch.equal(got_state["state"][0]["step"], torch.tensor(3.0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert read_checkpoint(tmp_path / "none") is None
+    (directory / "adapter.safetensors").write_bytes(b"flipped")
+    with pytest.raises(UserError, match="unreadable"):
+        read_checkpoint(directory)
