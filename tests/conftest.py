@@ -41,3 +41,37 @@ def reap_children():
     for child in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
+
+
+@pytest.fixture
+def procs(tmp_path):
+    """Start peers as real processes (:class:`tests.swarm_helpers.Procs`); all stopped by PID at the end."""
+    from tests.swarm_helpers import Procs
+
+    procs = Procs(tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
+
+
+@pytest.fixture
+def reader(tmp_path):
+    """This test's own peer: ``reader(run_id, initial_peers)`` joins and returns a Swarm and a BlobService."""
+    made = []
+
+    def join(run_id: str, initial_peers=()):
+        from peer.network.blobs import BlobCache, BlobService
+        from peer.network.swarm import NetworkConfig, join
+
+        swarm = join(NetworkConfig.loopback(initial_peers), run_id)
+        blobs = BlobService(swarm.dht, BlobCache(tmp_path / f"reader-{run_id}"))
+        made.append((swarm, blobs))
+        return swarm, blobs
+
+    try:
+        yield join
+    finally:
+        for swarm, blobs in made:
+            blobs.close()
+            swarm.shutdown()

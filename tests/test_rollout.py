@@ -6,103 +6,15 @@ would, then checks that the rollout peer switches to it.
 """
 
 import json
-import os
-import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.swarm_helpers import LOOPBACK, model_copy, wait_until
+
 pytestmark = pytest.mark.integration
-
-LOOPBACK = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay"]
-
-
-class Procs:
-    """Child processes of one test, each logging to a file; stopped (TERM, then KILL) by PID at the end."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.procs: list[tuple[subprocess.Popen, Path]] = []
-
-    def start(self, name: str, *args: str) -> subprocess.Popen:
-        log = self.root / f"{name}.log"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-        with open(log, "w") as f:
-            p = subprocess.Popen(
-                [sys.executable, "-m", "peer.cli", *args], stdout=subprocess.PIPE, stderr=f, text=True, env=env
-            )
-        self.procs.append((p, log))
-        return p
-
-    def log(self, p: subprocess.Popen) -> str:
-        return next(log for q, log in self.procs if q is p).read_text()
-
-    def stop_all(self) -> None:
-        for p, _ in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p, _ in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-@pytest.fixture
-def procs(tmp_path):
-    procs = Procs(tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop_all()
-
-
-def wait_until(predicate, what: str, timeout: float = 90.0, procs=()):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        for p in procs:
-            if p.poll() is not None:
-                raise AssertionError(f"a process exited with {p.returncode} while waiting for {what}")
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout}s")
-
-
-@pytest.fixture
-def reader(tmp_path):
-    """This test's own peer: a Swarm and a BlobService, joined once the host is known."""
-    made = []
-
-    def join(run_id: str, initial_peers=()):
-        from peer.network.blobs import BlobCache, BlobService
-        from peer.network.swarm import NetworkConfig, join
-
-        swarm = join(NetworkConfig.loopback(initial_peers), run_id)
-        blobs = BlobService(swarm.dht, BlobCache(tmp_path / f"reader-{run_id}"))
-        made.append((swarm, blobs))
-        return swarm, blobs
-
-    try:
-        yield join
-    finally:
-        for swarm, blobs in made:
-            blobs.close()
-            swarm.shutdown()
-
-
-def model_copy(tmp_path: Path, name: str = "tiny-copy") -> Path:
-    from peer.model.loading import bundled_path
-
-    folder = tmp_path / name
-    shutil.copytree(bundled_path(), folder)
-    return folder
 
 
 @pytest.mark.timeout(280)
@@ -129,6 +41,8 @@ def test_rollout_peer_publishes_verifiable_groups_and_follows_a_new_adapter(tmp_
         str(tmp_path / "host"),
         "--info-file",
         str(info_file),
+        "--groups-per-version",
+        "8",
         *LOOPBACK,
     )
     wait_until(info_file.exists, "the host's info file", procs=[host])

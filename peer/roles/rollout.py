@@ -309,6 +309,15 @@ class RolloutPeer:
         spec = self.spec
         self.batch_size = c.batch_size or self._auto_batch()
         self.max_inflight = c.max_inflight or 2 * spec.groups_per_version
+        if self.max_inflight < spec.groups_per_version:
+            logger.warning(
+                "--max-inflight %d is below the %d groups a learner needs per version: it would wait forever for "
+                "them; pausing at %d instead",
+                self.max_inflight,
+                spec.groups_per_version,
+                spec.groups_per_version,
+            )
+            self.max_inflight = spec.groups_per_version
         self.seqs = _SeqCounter(c.network.identity_path, c.run_id)
         self.follower = AdapterFollower(self.swarm, self.blobs, self.version, interval=c.poll_interval).start()
         self._closers.add(self.follower.stop)

@@ -1,0 +1,93 @@
+"""Helpers for tests that run peers as real processes on loopback (the fixtures are in conftest.py)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LOOPBACK = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay"]
+
+
+class Procs:
+    """Child processes of one test, each logging to a file; stopped (TERM, then KILL) by PID at the end."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.procs: list[tuple[subprocess.Popen, Path]] = []
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        """``python -m peer.cli ARGS`` (the ``hivegrpo`` command)."""
+        return self.start_argv(name, ["-m", "peer.cli", *args])
+
+    def start_argv(self, name: str, argv: list[str]) -> subprocess.Popen:
+        """``python ARGV`` with stdout piped and stderr to ``<name>.log``."""
+        log = self.root / f"{name}.log"
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        with open(log, "w") as f:
+            p = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=f, text=True, env=env)
+        self.procs.append((p, log))
+        return p
+
+    def log(self, p: subprocess.Popen) -> str:
+        return next(log for q, log in self.procs if q is p).read_text()
+
+    def stop_all(self) -> None:
+        for p, _ in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p, _ in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def wait_until(predicate, what: str, timeout: float = 90.0, procs=()):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"a process exited with {p.returncode} while waiting for {what}")
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not within {timeout}s")
+
+
+def model_copy(tmp_path: Path, name: str = "tiny-copy") -> Path:
+    from peer.model.loading import bundled_path
+
+    folder = tmp_path / name
+    shutil.copytree(bundled_path(), folder)
+    return folder
+
+
+def start_host(procs: Procs, tmp_path: Path, run_id: str, *args: str) -> tuple[subprocess.Popen, dict]:
+    """``hivegrpo host`` for ``run_id``; returns the process and its info file's contents once written."""
+    info_file = tmp_path / f"{run_id}-info.json"
+    host = procs.start(
+        "host",
+        "host",
+        "--run-id",
+        run_id,
+        "--cache-dir",
+        str(tmp_path / "host"),
+        "--info-file",
+        str(info_file),
+        *args,
+        *LOOPBACK,
+    )
+    wait_until(info_file.exists, "the host's info file", procs=[host])
+    return host, json.loads(info_file.read_text())
+
+
+def join_args(info: dict) -> list[str]:
+    """The ``--run-id``, ``--coordinator`` and ``--initial-peers`` options the host printed, plus loopback."""
+    peers = [a for m in info["initial_peers"] for a in ("--initial-peers", m)]
+    return ["--run-id", info["run_id"], "--coordinator", info["coordinator"], *peers, *LOOPBACK]
