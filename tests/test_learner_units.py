@@ -112,6 +112,14 @@ def test_a_replayed_seq_is_refused_in_any_version_and_bans(setup):
     assert refused.reason == "replay" and C in it.banned
 
 
+def test_the_same_entry_read_twice_is_a_forgiven_duplicate_and_used_once(setup):
+    it = intake(setup)
+    g = setup.groups[A][0]
+    assert it.add(entry(A, g), 0) is None
+    assert it.add(entry(A, g), 0).reason == "duplicate" and A not in it.banned
+    assert it.waiting() == 1
+
+
 def test_stale_unknown_and_unreadable_entries_are_not_banned(setup):
     it = intake(setup)
     g = setup.groups[A][0]
@@ -191,14 +199,20 @@ def test_spot_checks_catch_forged_logprobs_on_the_real_model(setup):
     assert check_logprobs(setup.model, forged, setup.spec, 0.05).reason == "logprobs"
 
 
-def test_intake_state_round_trips(setup):
-    it = intake(setup)
-    it.add(entry(A, setup.groups[A][0]), 0)
+def test_intake_state_keeps_bans_and_what_updates_used(setup):
+    it = intake(setup, batch=1)
+    used, unused = setup.groups[A][0], setup.groups[A][1]
+    assert it.add(entry(A, used), 0) is None
+    assert [a.group for a in it.take(0)] == [used]
+    assert it.add(entry(A, unused), 0) is None  # read, not yet used when the checkpoint is written
     it.ban(C, "reward: lied")
-    again = intake(setup)
+    again = intake(setup, batch=1)
     again.restore(it.state())
-    assert again.banned == {C: "reward: lied"} and again.seqs[A] == {0}
-    assert again.add(entry(A, setup.groups[A][0]), 1).reason == "replay"
+    assert again.banned == {C: "reward: lied"} and again.seqs[A] == {used.seq: 0}
+    assert again.add(entry(A, used), 0).reason == "duplicate", "read again after a restart: not used twice"
+    assert again.add(entry(A, unused), 0) is None, "read but never used: the restarted learner uses it"
+    retagged = changed(used, version=1, adapter_sha256=SHA1)
+    assert again.add(Fetched(A, 1, used.seq, retagged), 1).reason == "replay"
 
 
 def test_batch_tensors_and_one_update_move_only_the_adapter(setup):

@@ -5,7 +5,9 @@ with an in-memory bucket store. For each entry, in order:
 
 1. a signer already **banned** is ignored (counted, never looked at again);
 2. an entry that did not parse is refused as ``schema`` (not banned: a blob may have been cut in transit);
-3. a ``seq`` the signer already used — in any version's bucket — is a **replay**: refused, signer banned;
+3. a ``seq`` the signer already used under another adapter version is a **replay**: refused, signer banned; the
+   same entry read twice (same version and seq, e.g. again after a restart) is a ``duplicate``, refused and
+   forgiven: it is never used twice;
 4. a group more than ``tau_max`` versions behind is dropped as stale;
 5. :func:`~peer.roles.verify.check_group` (shape, vocabulary, adapter version + sha256, the prompt re-derived from
    the signer's seed and seq, every reward recomputed): a refusal bans the signer — except an adapter version this
@@ -37,7 +39,7 @@ from peer.protocol import GroupRecord
 from peer.roles.run import RunSpec, key_fingerprint
 from peer.roles.verify import Refused, check_group
 
-FORGIVEN = ("schema", "unknown_version", "surplus")
+FORGIVEN = ("schema", "duplicate", "unknown_version", "surplus")
 """Refusal reasons that do not ban the signer."""
 
 
@@ -78,7 +80,8 @@ class Intake:
         self.rng = rng or random.Random(os.urandom(16))
         self.known: dict[int, str] = {}  # adapter version -> sha256 of this learner's lineage
         self.banned: dict[bytes, str] = {}  # signer -> why
-        self.seqs: dict[bytes, set[int]] = defaultdict(set)  # every seq seen per signer (replays)
+        self.seqs: dict[bytes, dict[int, int]] = defaultdict(dict)  # signer -> seq -> version it came with
+        self.used: dict[bytes, dict[int, int]] = defaultdict(dict)  # the same, of groups an update took
         self.pool: dict[bytes, list[Accepted]] = defaultdict(list)
         self.last_verified: dict[bytes, int] = {}  # signer -> newest version of a verified group
         self._pending: list[Accepted] = []
@@ -99,9 +102,14 @@ class Intake:
         if fetched.group is None:
             return self._refuse(owner, Refused("schema", fetched.error or "unreadable entry"))
         group = fetched.group
-        if group.seq in self.seqs[owner]:
-            return self._refuse(owner, Refused("replay", f"seq {group.seq} was already published by this signer"))
-        self.seqs[owner].add(group.seq)
+        seen = self.seqs[owner].get(group.seq)
+        if seen == group.version:
+            return self._refuse(owner, Refused("duplicate", f"group {group.version}.{group.seq} was read already"))
+        if seen is not None:
+            return self._refuse(
+                owner, Refused("replay", f"seq {group.seq} was already published by this signer, with v{seen}")
+            )
+        self.seqs[owner][group.seq] = group.version
         if version - group.version > self.spec.staleness.tau_max:
             self.counts["dropped_stale"] += 1
             return "stale"
@@ -175,6 +183,8 @@ class Intake:
                 per_owner[accepted.owner] += 1
                 if len(chosen) == self.batch:
                     break
+        for a in chosen:
+            self.used[a.owner][a.group.seq] = a.group.version
         taken = {id(a) for a in chosen}
         for owner in list(self.pool):
             self.pool[owner] = [a for a in self.pool[owner] if id(a) not in taken]
@@ -185,14 +195,17 @@ class Intake:
     def state(self) -> dict:
         return {
             "banned": {owner.hex(): reason for owner, reason in self.banned.items()},
-            "seqs": {owner.hex(): sorted(seqs) for owner, seqs in self.seqs.items()},
+            # only what updates took: groups read but not yet used are read again (and used) after a restart
+            "used": {owner.hex(): [[s, v] for s, v in sorted(seqs.items())] for owner, seqs in self.used.items()},
         }
 
     def restore(self, state: dict) -> None:
         for owner, reason in state.get("banned", {}).items():
             self.banned[bytes.fromhex(owner)] = reason
-        for owner, seqs in state.get("seqs", {}).items():
-            self.seqs[bytes.fromhex(owner)].update(int(s) for s in seqs)
+        for owner, pairs in state.get("used", {}).items():
+            used = {int(s): int(v) for s, v in pairs}
+            self.used[bytes.fromhex(owner)].update(used)
+            self.seqs[bytes.fromhex(owner)].update(used)
 
     # --- internals -------------------------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ checkpoint in ``--checkpoint-dir`` wins if it is newer than anything announced. 
    ``(v + 1, sha256, parent sha256, size, providers)``, with this learner's metrics; rollout peers follow it.
 
 Every accepted group is in exactly one update (``--ledger`` writes, per version, which ones). Checkpoints (adapter,
-optimizer state, version, bans, seqs seen) are written every ``checkpoint_every`` versions, atomically.
+optimizer state, version, bans, the seqs updates used) are written every ``checkpoint_every`` versions, atomically.
 
 One learner per run for now: several learners would each make their own lineage (see docs/learner.md).
 """
@@ -394,7 +394,7 @@ class LearnerPeer:
             self._update(chosen)
         self.announcer.flush()
         seconds = time.perf_counter() - started
-        if c.checkpoint_dir and self.made:
+        if c.checkpoint_dir and self.made and self._checkpointed != frozenset({s.sha}):
             self._checkpoint()
         accepted = sum(h["groups"] for h in self.history)
         return {
@@ -512,7 +512,7 @@ class LearnerPeer:
             "waiting": self.intake.waiting(),
             "dropped_stale": self.intake.counts["dropped_stale"],
             "rejected": dict(self.intake.rejected),
-            "banned": len(self.intake.banned),
+            "banned": sorted(key_fingerprint(o) for o in self.intake.banned),
             "per_peer": dict(Counter(key_fingerprint(a.owner) for a in chosen)),
             **(stats or {"no_signal": True}),
         }
