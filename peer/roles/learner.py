@@ -413,6 +413,7 @@ class LearnerPeer:
             "staleness_mean": round(sum(self.staleness) / len(self.staleness), 3) if self.staleness else 0.0,
             "staleness_max": max(self.staleness, default=0),
             "announce_failures": self.announcer.failures,
+            "resumed_from": self.resumed_from,
             "peer_id": str(s.swarm.peer_id),
         }
 
