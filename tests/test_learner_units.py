@@ -199,6 +199,21 @@ def test_spot_checks_catch_forged_logprobs_on_the_real_model(setup):
     assert check_logprobs(setup.model, forged, setup.spec, 0.05).reason == "logprobs"
 
 
+def test_batched_spot_checks_judge_each_group_as_alone(setup):
+    from peer.protocol import Completion, encode_tokens
+    from peer.roles.verify import check_logprobs, check_logprobs_many
+
+    groups = setup.groups[A][:3] + setup.groups[B][:2]
+    forged = [Completion.of(c.tokens(), [-0.01] * len(c.tokens())) for c in groups[2].completions]
+    # a shorter prompt (its first token dropped) makes the batch left-pad the others
+    short = changed(groups[4], prompt_ids=encode_tokens(groups[4].prompt_tokens()[1:]))
+    batch = [*groups[:2], changed(groups[2], completions=forged), groups[3], short]
+    found = check_logprobs_many(setup.model, batch, setup.spec, 1e-3)
+    alone = [check_logprobs(setup.model, g, setup.spec, 1e-3) for g in batch]
+    assert found[:4] == [None, None, found[2], None] and found[2].reason == "logprobs", "only the forged one"
+    assert found == alone, "the same verdicts, and the same worst differences, as one group at a time"
+
+
 def test_intake_state_keeps_bans_and_what_updates_used(setup):
     it = intake(setup, batch=1)
     used, unused = setup.groups[A][0], setup.groups[A][1]

@@ -126,6 +126,9 @@ class Intake:
             self._admit(accepted)
         return None
 
+    def checks_waiting(self) -> int:
+        return len(self._pending)
+
     def pending_checks(self) -> list[Accepted]:
         """Groups drawn for a log-prob check (then pass each to :meth:`checked`)."""
         pending, self._pending = self._pending, []

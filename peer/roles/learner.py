@@ -43,11 +43,12 @@ from peer.roles.closers import Closers
 from peer.roles.intake import Accepted, Intake
 from peer.roles.run import key_fingerprint
 from peer.roles.session import Session, SessionConfig, default_cache_dir, open_session
-from peer.roles.verify import Refused, check_logprobs
+from peer.roles.verify import Refused, check_logprobs_many
 
 logger = get_logger(__name__)
 
 REANNOUNCE_EVERY = 120.0  # s; the announcement lives ANNOUNCEMENT_TTL (600 s): an idle learner stays findable
+SPOT_CHECK_BATCH = 4  # log-prob checks wait until this many are due (or the update needs them)
 KEEP_ADAPTERS = 2  # versions beyond the staleness window whose blobs stay in the cache (for slow followers)
 
 
@@ -185,7 +186,12 @@ def learn_step(model, batch: Batch, spec, optimizer, max_grad_norm: float) -> di
 
 
 class _Fetcher:
-    """Reads the buckets of the staleness window on a thread; hands each new entry over exactly once."""
+    """Reads the buckets of the staleness window on a thread; hands each new entry over exactly once.
+
+    Every poll reads the whole window: a group published late into an older version's bucket (a slow peer, or a
+    replay) is seen while it can still be used or caught. (Reading only the newest two versions most of the time
+    saved little and let a fast learner's window move past such groups unread.)
+    """
 
     def __init__(self, store, window: int, interval: float):
         self.store = store
@@ -300,7 +306,8 @@ class LearnerPeer:
         self.session: Session | None = None
         self.intake: Intake | None = None
         self.optimizer = None
-        self.blobs_by_version: dict[int, tuple[str, bytes]] = {}
+        # per version of the window: its sha256 and a copy of its LoRA tensors (spot checks visit old versions)
+        self.window: dict[int, tuple[str, list[torch.Tensor]]] = {}
         self.made = 0  # versions made by this run of the learner
         self.step_seconds: list[float] = []
         self.staleness: list[int] = []
@@ -322,7 +329,7 @@ class LearnerPeer:
         )
         self.optimizer = torch.optim.AdamW(lora_parameters(s.model), lr=c.lr)
         self._resume()
-        self._remember(s.version, s.sha, s.blob)
+        self._remember(s.version, s.sha)
         s.model.eval()
         self.store = DHTBucketStore(s.swarm, s.blobs)
         self.fetcher = _Fetcher(self.store, spec.staleness.tau_max, c.poll_interval)
@@ -386,8 +393,11 @@ class LearnerPeer:
             if c.max_versions is not None and self.made >= c.max_versions:
                 break
             self._read(timeout=0.0)
-            self._spot_check()
+            self._spot_check(minimum=SPOT_CHECK_BATCH)
             chosen = intake.take(s.version)
+            if chosen is None:
+                self._spot_check()  # the groups waiting for a check may be the ones missing
+                chosen = intake.take(s.version)
             if chosen is None:
                 self._read(timeout=c.poll_interval)  # too few groups: wait for the fetcher
                 continue
@@ -437,32 +447,39 @@ class LearnerPeer:
                 if not was_banned and f.owner in self.intake.banned:
                     logger.warning("banned %s for this run", who)
 
-    def _spot_check(self) -> None:
-        """Recompute the behaviour log-probs of the sampled groups, each under the adapter version it claims."""
+    def _spot_check(self, minimum: int = 1) -> None:
+        """Recompute the behaviour log-probs of the sampled groups, each under the adapter version it claims, once
+        at least ``minimum`` wait (checks are batched: one forward pass per version).
+
+        An older version is visited by copying its LoRA tensors into the model and back (about a millisecond on the
+        bundled model; loading and re-hashing the blob took 25 ms a visit): the bytes are this learner's own.
+        """
+        if self.intake.checks_waiting() < minimum:
+            return
         pending = self.intake.pending_checks()
         if not pending:
             return
         s = self.session
-        held = (s.version, s.sha, s.blob)
+        params = lora_parameters(s.model)
         try:
             for version in sorted({a.group.version for a in pending}):
-                known = self.blobs_by_version.get(version)
+                known = self.window.get(version)
                 if known is None:  # too old to check any more: it will be dropped as stale
                     for a in pending:
                         if a.group.version == version:
                             self.intake.checked(a, None)
                     continue
-                if version != s.version:
-                    s.swap(version, *known, quiet=True)
-                for a in pending:
-                    if a.group.version == version:
-                        refused = check_logprobs(s.model, a.group, s.spec, self.config.logprob_tolerance)
-                        if refused is not None:
-                            logger.warning("banned %s for this run: %s", key_fingerprint(a.owner), refused)
-                        self.intake.checked(a, refused)
+                _copy_into(params, known[1])
+                these = [a for a in pending if a.group.version == version]
+                tolerance = self.config.logprob_tolerance
+                for a, refused in zip(
+                    these, check_logprobs_many(s.model, [a.group for a in these], s.spec, tolerance), strict=True
+                ):
+                    if refused is not None:
+                        logger.warning("banned %s for this run: %s", key_fingerprint(a.owner), refused)
+                    self.intake.checked(a, refused)
         finally:
-            if s.version != held[0]:
-                s.swap(*held, quiet=True)
+            _copy_into(params, self.window[s.version][1])
 
     def _update(self, chosen: list[Accepted]) -> None:
         s, c = self.session, self.config
@@ -478,7 +495,7 @@ class LearnerPeer:
         parent, sha = s.sha, sha256_hex(blob)
         s.version, s.sha, s.blob = s.version + 1, sha, blob
         self.made += 1
-        self._remember(s.version, sha, blob)
+        self._remember(s.version, sha)
         seconds = time.perf_counter() - t0
         self.step_seconds.append(seconds)
         self.fetcher.version = s.version
@@ -563,13 +580,13 @@ class LearnerPeer:
         t = self.session.tokenizer
         return t.pad_token_id if t.pad_token_id is not None else t.eos_token_id
 
-    def _remember(self, version: int, sha: str, blob: bytes) -> None:
-        """Keep the blobs of the staleness window (spot checks need them); drop older ones from the cache too."""
-        self.blobs_by_version[version] = (sha, blob)
+    def _remember(self, version: int, sha: str) -> None:
+        """Keep the window's versions (the model holds ``version`` now); drop older blobs from the cache too."""
+        self.window[version] = (sha, [p.detach().clone() for p in lora_parameters(self.session.model)])
         self.intake.known[version] = sha
         oldest = version - self.session.spec.staleness.tau_max - KEEP_ADAPTERS
-        for v in [v for v in self.blobs_by_version if v < oldest]:
-            old_sha, _ = self.blobs_by_version.pop(v)
+        for v in [v for v in self.window if v < oldest]:
+            old_sha, _ = self.window.pop(v)
             if v > 0 and old_sha not in self._checkpointed:
                 self.session.blobs.cache.remove(old_sha)
 
@@ -596,6 +613,12 @@ class LearnerPeer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _copy_into(params: list[torch.nn.Parameter], values: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for p, v in zip(params, values, strict=True):
+            p.copy_(v)
 
 
 # --- checkpoints ---------------------------------------------------------------------------------------------------
