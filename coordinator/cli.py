@@ -17,6 +17,13 @@ from peer.cli import _network_config, _network_options, _stop_on_signals, _task_
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed: every prompt derives from it.")
 @click.option("--group-size", type=click.IntRange(2, 64), default=8, show_default=True)
 @click.option("--groups-per-version", type=click.IntRange(1, 4096), default=16, show_default=True)
+@click.option(
+    "--tau-max",
+    type=click.IntRange(0, 61),
+    default=4,
+    show_default=True,
+    help="Learners drop groups more than this many adapter versions old.",
+)
 @click.option("--cache-dir", type=click.Path(file_okay=False), default="~/.cache/hivegrpo", show_default=True)
 @click.option("--info-file", type=click.Path(dir_okay=False), default=None, help="Write the join details as JSON.")
 def host_cmd(
@@ -29,6 +36,7 @@ def host_cmd(
     seed,
     group_size,
     groups_per_version,
+    tau_max,
     cache_dir,
     info_file,
     **network,
@@ -39,7 +47,7 @@ def host_cmd(
     _threads(1)
     from coordinator.host import Host, HostConfig
     from coordinator.manifest import RunSettings
-    from peer.grpo import SamplingConfig
+    from peer.grpo import SamplingConfig, StalenessConfig
 
     settings = RunSettings(
         run_id=run_id,
@@ -50,6 +58,7 @@ def host_cmd(
         task_config=_task_config(task_config),
         sampling=SamplingConfig(group_size=group_size),
         groups_per_version=groups_per_version,
+        staleness=StalenessConfig(tau_max=tau_max),
         seed=seed,
     )
     host = Host(HostConfig(settings, _network_config(**network), cache_dir=Path(cache_dir).expanduser()))

@@ -61,7 +61,7 @@ def test_one_rollout_peer_and_one_learner_make_versions_the_rollout_peer_follows
     from peer.roles.adapters import announcements
     from peer.roles.run import read_manifest, run_spec
 
-    host, info = start_host(procs, tmp_path, "learn1", "--groups-per-version", "4")
+    host, info = start_host(procs, tmp_path, "learn1", "--groups-per-version", "4", "--tau-max", "3")
     rollout = procs.start(
         "rollout",
         "join",
@@ -82,6 +82,7 @@ def test_one_rollout_peer_and_one_learner_make_versions_the_rollout_peer_follows
 
     swarm, blobs = reader("learn1", info["initial_peers"])
     manifest, key = read_manifest(swarm, info["coordinator"])
+    assert run_spec(manifest, key).staleness.tau_max == 3, "hivegrpo host --tau-max reaches the manifest"
 
     # the ledger: versions 1..4, each the child of the one before, every group used once
     lines = _ledger(ledger)
@@ -91,6 +92,7 @@ def test_one_rollout_peer_and_one_learner_make_versions_the_rollout_peer_follows
     assert [line["parent_sha256"] for line in made] == parents
     ids = [tuple(i) for line in lines for i in line["ids"]]
     assert len(ids) == len(set(ids)) and all(line["groups"] == 4 for line in lines)
+    assert all(line["staleness_max"] <= 3 for line in lines), "nothing older than the run's tau_max"
     sha = {0: manifest.adapter0_sha256, **{line["version"]: line["sha256"] for line in made}}
     assert summary["adapter_sha256"] == sha[4]
 
