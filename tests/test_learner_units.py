@@ -285,3 +285,39 @@ def test_checkpoints_round_trip_and_refuse_a_corrupt_one(tmp_path):
     (directory / "adapter.safetensors").write_bytes(b"flipped")
     with pytest.raises(UserError, match="unreadable"):
         read_checkpoint(directory)
+
+
+def test_the_fetcher_reads_every_group_published_into_its_window_once(setup):
+    from peer.network.buckets import MemoryBucketStore
+    from peer.roles.learner import _Fetcher
+
+    store = MemoryBucketStore(A)
+    fetcher = _Fetcher(store, window=4, interval=0.01)  # polled by hand here, not on its thread
+
+    def drain() -> list[tuple[int, int]]:
+        out = []
+        while not fetcher.queue.empty():
+            f = fetcher.queue.get()
+            out.append((f.version, f.seq))
+        return out
+
+    g = setup.groups[A][0]
+    store.publish(changed(g, version=2, seq=0))
+    fetcher.version = 4
+    fetcher.poll()  # the first poll reads the whole window
+    assert drain() == [(2, 0)]
+    fetcher.poll()
+    assert drain() == [], "handed over once"
+    store.publish(changed(g, version=2, seq=1))  # late, into a version no longer among the newest two
+    store.publish(changed(g, version=4, seq=2))
+    fetcher.poll()
+    assert drain() == [(4, 2)]
+    fetcher.version = 7  # version 2 leaves the window (7 - 4 = 3) before the next whole-window read
+    fetcher.poll()
+    assert drain() == [(2, 1)], "a version's bucket is read once more as it leaves the window"
+    store.publish(changed(g, version=3, seq=10))  # late into an older version that stays in the window
+    polls = 0
+    while not (found := drain()):
+        fetcher.poll()
+        polls += 1
+    assert found == [(3, 10)] and 1 < polls <= _Fetcher.FULL_EVERY, "read by the next whole-window read"

@@ -188,10 +188,14 @@ def learn_step(model, batch: Batch, spec, optimizer, max_grad_norm: float) -> di
 class _Fetcher:
     """Reads the buckets of the staleness window on a thread; hands each new entry over exactly once.
 
-    Every poll reads the whole window: a group published late into an older version's bucket (a slow peer, or a
-    replay) is seen while it can still be used or caught. (Reading only the newest two versions most of the time
-    saved little and let a fast learner's window move past such groups unread.)
+    Every poll reads the newest two versions' buckets (where rollout peers publish); the whole window every
+    ``FULL_EVERY`` polls (the late groups of slow peers); and a version's bucket once more as it leaves the window,
+    so nothing published into the window goes unread — a late replay is still caught, though its group is too old
+    to use. (Reading the whole window every poll made the learner's DHT process the busiest process of the demo:
+    every read fetches and validates every entry of every bucket again.)
     """
+
+    FULL_EVERY = 8
 
     def __init__(self, store, window: int, interval: float):
         self.store = store
@@ -201,6 +205,7 @@ class _Fetcher:
         self.queue: queue.Queue = queue.Queue()
         self.errors = 0
         self._seen: set = set()
+        self._polls, self._last = 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bucket-fetcher", daemon=True)
 
@@ -214,19 +219,30 @@ class _Fetcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            version = self.version
-            try:
-                fetched = self.store.fetch(max(0, version - self.window), version, self._seen)
-            except Exception as e:  # the network boundary: say it, try again
-                self.errors += 1
-                logger.warning("could not read the buckets: %s", e)
-                fetched = []
-            for f in fetched:
-                self._seen.add(f.id)
-                self.queue.put(f)
-            oldest = version - self.window - 2
-            self._seen = {i for i in self._seen if i[1] >= oldest}
+            self.poll()
             self._stop.wait(self.interval)
+
+    def poll(self) -> None:
+        """One read: the newest versions, the whole window every ``FULL_EVERY``-th time, the versions leaving."""
+        version = self.version
+        depth = self.window if self._polls % self.FULL_EVERY == 0 else min(1, self.window)
+        self._polls += 1
+        hi = version - self.window - 1  # the versions that left the window since the last poll: their last read
+        lo = max(0, self._last - self.window, hi - self.FULL_EVERY + 1)  # a jump (a resume) reads a few, not all
+        try:
+            fetched = self.store.fetch(max(0, version - depth), version, self._seen)
+            if hi >= lo:
+                fetched += self.store.fetch(lo, hi, self._seen)
+            self._last = version
+        except Exception as e:  # the network boundary: say it, try again
+            self.errors += 1
+            logger.warning("could not read the buckets: %s", e)
+            fetched = []
+        for f in fetched:
+            self._seen.add(f.id)
+            self.queue.put(f)
+        oldest = version - self.window - 2
+        self._seen = {i for i in self._seen if i[1] >= oldest}
 
 
 class _Announcer:
