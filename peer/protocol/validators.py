@@ -8,7 +8,8 @@
    given a longer life by anyone else. It runs first (priority 10) and strips the signature before the next.
 2. ``SchemaValidator(RunSchema, allow_extra_keys=False, prefix=run_id)`` — the run's keys
    (:mod:`peer.protocol.keys`) must hold dictionary values whose subkeys are owner-signed and whose values match
-   their record schema (:mod:`peer.protocol.records`) without type conversion; any other key is refused.
+   their record schema (:mod:`peer.protocol.records`) without type conversion; any other key is refused. It
+   remembers what it accepted, so a record fetched again is not parsed again.
 
 On top of the schemas, bucket slots check that an entry's version maps to the slot (``version % BUCKET_RING``) and
 that the subkey's ``<version>.<seq>`` equals the entry's. Single-entry keys (manifest, peers, adapter, metrics)
@@ -25,6 +26,8 @@ module-level name. This module imports hivemind (and hivemind imports torch); th
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from typing import Any
 
 import pydantic.v1 as pydantic
@@ -120,6 +123,32 @@ RunSchema = pydantic.create_model(
 RunSchema.__doc__ = "Every key of a run (field ``f`` is key ``{run_id}_f``) and the dictionary value it holds."
 
 
+class _RememberingSchemaValidator(SchemaValidator):
+    """A :class:`SchemaValidator` that remembers the records it accepted (by a digest of key, subkey and value).
+
+    hivemind validates every record of every dictionary it fetches, on every get: a learner or rollout peer that
+    polls a bucket re-parsed every group of it with pydantic each time, and that was about half the CPU of a
+    local swarm (docs/demo.md). The answer for the same bytes cannot change (schemas are only ever added by a
+    merge, which can widen what is accepted, never narrow it), so an accepted record is not parsed again; refusals
+    are not remembered.
+    """
+
+    REMEMBER = 16384  # digests (32 bytes each)
+
+    def validate(self, record) -> bool:
+        digest = hashlib.sha256(b"\0".join((record.key, record.subkey, record.value))).digest()
+        accepted = self.__dict__.setdefault("_accepted", OrderedDict())
+        if digest in accepted:
+            accepted.move_to_end(digest)
+            return True
+        if not super().validate(record):
+            return False
+        accepted[digest] = None
+        if len(accepted) > self.REMEMBER:
+            accepted.popitem(last=False)
+        return True
+
+
 def make_validators(
     run_id: str, private_key: RSAPrivateKey, *, allow_extra_keys: bool = False
 ) -> list[RecordValidatorBase]:
@@ -135,5 +164,5 @@ def make_validators(
         raise TypeError(f"private_key must be a hivemind RSAPrivateKey, got {type(private_key).__name__}.")
     return [
         RSASignatureValidator(private_key),
-        SchemaValidator(RunSchema, allow_extra_keys=allow_extra_keys, prefix=run_id),
+        _RememberingSchemaValidator(RunSchema, allow_extra_keys=allow_extra_keys, prefix=run_id),
     ]
