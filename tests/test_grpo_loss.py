@@ -193,3 +193,29 @@ def test_shape_errors(change, message):
     } | change
     with pytest.raises(ValueError, match=message):
         clipped_policy_loss(**args)
+
+
+@pytest.mark.parametrize(
+    ("ratio", "advantage", "dual_clip", "surrogate", "moves"),
+    [
+        (10.0, -1.0, 3.0, -3.0, False),  # A < 0, ratio far above 1: the surrogate is held at 3 A, no gradient
+        (2.0, -1.0, 3.0, -2.0, True),  # below the dual clip: the ordinary r A, pushed down
+        (10.0, 1.0, 3.0, 1.3, False),  # A > 0 is the ordinary upper clip, untouched by the dual one
+        (10.0, -1.0, 0.0, -10.0, True),  # dual clip off: unbounded in r
+    ],
+)
+def test_dual_clip_bounds_negative_advantages_of_runaway_ratios(ratio, advantage, dual_clip, surrogate, moves):
+    config = LossConfig(clip_eps_low=0.2, clip_eps_high=0.3, dual_clip=dual_clip)
+    behaviour = torch.tensor([[-2.0]])
+    logprobs = _leaf([[-2.0 + math.log(ratio)]])
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    loss, stats = clipped_policy_loss(logprobs, behaviour, torch.tensor([advantage]), mask, None, config)
+    assert loss.item() == pytest.approx(-surrogate, rel=1e-5)
+    assert stats.clip_fraction == (0.0 if moves else 1.0)
+    loss.backward()
+    assert (logprobs.grad.abs().item() > 0) == moves
+
+
+def test_dual_clip_must_sit_above_the_upper_clip():
+    with pytest.raises(ValueError, match="dual_clip"):
+        LossConfig(clip_eps_high=0.3, dual_clip=1.2)

@@ -94,6 +94,13 @@ class LossConfig(_DictConfig):
     clip_eps_high: float = field(
         default=0.2, metadata=_help("ratio is clipped above at 1 + clip_eps_high for positive advantages, >= 0")
     )
+    dual_clip: float = field(
+        default=3.0,
+        metadata=_help(
+            "for negative advantages the surrogate is at least dual_clip * A (dual-clip PPO): a token whose ratio ran"
+            " far above 1 under a stale policy cannot dominate the update; 0 disables it, else > 1 + clip_eps_high"
+        ),
+    )
     kl_beta: float = field(
         default=0.0, metadata=_help("weight of the k3 KL estimate to the base policy per token; 0 disables it")
     )
@@ -102,6 +109,7 @@ class LossConfig(_DictConfig):
     def __post_init__(self) -> None:
         self._float("clip_eps_low", "in [0, 1)", lambda v: 0 <= v < 1)
         self._float("clip_eps_high", ">= 0", lambda v: v >= 0)
+        self._float("dual_clip", "0 or > 1 + clip_eps_high", lambda v: v == 0 or v > 1 + self.clip_eps_high)
         self._float("kl_beta", ">= 0", lambda v: v >= 0)
         self._float("adv_eps", "> 0", lambda v: v > 0)
 

@@ -73,6 +73,7 @@ def clipped_policy_loss(
 
         ratio     = exp(logprobs - behaviour_logprobs)
         surrogate = min(ratio * A, clip(ratio, 1 - clip_eps_low, 1 + clip_eps_high) * A)
+        surrogate = max(surrogate, dual_clip * A)   where A < 0 (dual clip; dual_clip = 0: off)
         loss      = -surrogate * w  +  kl_beta * k3(logprobs, ref_logprobs)
 
     and the result is ``sum(loss * mask) / max(sum(mask), 1)``. Values at unmasked positions may be anything,
@@ -101,6 +102,10 @@ def clipped_policy_loss(
     # clamp's gradient is zero. Written with where() so "clipped" is one definition for the loss and the stats.
     clipped = ((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low))
     surrogate = torch.where(clipped, ratio.clamp(low, high) * adv, ratio * adv)
+    if config.dual_clip > 0:  # dual clip: for A < 0 the surrogate is at least dual_clip * A (no gradient there)
+        dual = (adv < 0) & (ratio > config.dual_clip)
+        surrogate = torch.where(dual, config.dual_clip * adv, surrogate)
+        clipped = clipped | dual
     if weights is not None:
         surrogate = surrogate * weights.detach().float().unsqueeze(1)
     policy_tokens = -surrogate
