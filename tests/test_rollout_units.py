@@ -43,7 +43,7 @@ from peer.protocol import (
 from peer.roles import rollout
 from peer.roles.adapters import Announcement, newest_announcement
 from peer.roles.basemodel import ModelSourceError, model_files, resolve_base
-from peer.roles.rollout import _SeqCounter, auto_batch_size, build_groups
+from peer.roles.rollout import _SeqCounter, auto_batch_size, build_groups, recent_rate
 from peer.roles.run import ManifestError, key_fingerprint, prompt_seed, run_spec
 from peer.roles.verify import REASONS, Refused, check_group, check_logprobs
 
@@ -515,3 +515,36 @@ def test_behaviour_logprobs_are_spot_checked(rollout_setup):
     ]
     found = check_logprobs(r.model, GroupRecord(**{**g.dict(), "completions": forged}), r.spec, tolerance=1e-3)
     assert isinstance(found, Refused) and found.reason == "logprobs"
+
+
+def test_the_heartbeat_rate_counts_what_the_span_covers():
+    # batches of 64 completions ending at t = 10, 11, 12: two batches in the 2 s after the first one ended
+    assert recent_rate([(10.0, 64), (11.0, 64), (12.0, 64)], elapsed=0.5) == 64.0
+    assert recent_rate([(10.0, 64), (14.0, 64)], elapsed=0.5) == 16.0, "the 3.5 s wait counts"
+    assert recent_rate([(10.0, 64)], elapsed=0.5) == 128.0, "one batch: its own rate"
+
+
+def test_backpressure_pauses_for_a_new_version_but_not_forever():
+    import threading
+    from types import SimpleNamespace
+
+    from peer.roles.rollout import RolloutPeer
+
+    class Follower:  # no new version ever comes (a learner whose updates had no signal)
+        def wait(self, timeout):
+            time.sleep(0.01)
+
+        def take(self):
+            return None
+
+    peer = RolloutPeer.__new__(RolloutPeer)
+    peer._stop, peer.follower, peer.stats = threading.Event(), Follower(), {"waited_s": 0.0}
+    peer.session, peer.max_inflight, peer.MAX_PAUSE = SimpleNamespace(version=3), 32, 0.3
+    peer.backlog = SimpleNamespace(version=-1, estimate=lambda version: 32)  # the bucket of v3 is full
+    t0 = time.perf_counter()
+    peer._wait_for_learners()
+    assert 0.3 <= time.perf_counter() - t0 < 2.0 and peer.backlog.version == 3
+    peer.backlog.estimate = lambda version: 31  # room in the bucket: no pause at all
+    t0 = time.perf_counter()
+    peer._wait_for_learners()
+    assert time.perf_counter() - t0 < 0.1

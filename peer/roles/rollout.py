@@ -106,6 +106,17 @@ def auto_batch_size(model, device: torch.device, group_size: int, prompt_tokens:
     return max(1, min(cap, budget // (per_row * group_size)))
 
 
+def recent_rate(window: list[tuple[float, int]], elapsed: float) -> float:
+    """Completions per second from ``(end time, completions)`` of the recent batches, waits included.
+
+    The span opens at the first batch's end, so that batch's own completions are outside it; a single batch gives
+    its own rate (``elapsed``: its sampling time).
+    """
+    if len(window) < 2:
+        return window[-1][1] / max(elapsed, 1e-9)
+    return sum(k for _, k in window[1:]) / max(window[-1][0] - window[0][0], 1e-9)
+
+
 class _SeqCounter:
     """Next sequence number, kept beside the identity file so a restarted peer never reuses one."""
 
@@ -277,6 +288,8 @@ class _Backlog:
 class RolloutPeer:
     """One rollout peer: :meth:`start` (join, manifest, model, adapter), :meth:`run` (the loop), :meth:`close`."""
 
+    MAX_PAUSE = 15.0  # s of backpressure before one more batch regardless
+
     def __init__(self, config: RolloutConfig):
         self.config = config
         self._stop = threading.Event()
@@ -384,11 +397,17 @@ class RolloutPeer:
         return False
 
     def _wait_for_learners(self) -> None:
-        """Backpressure: while the newest version's bucket is full, wait for a new version (or a stop)."""
+        """Backpressure: while the newest version's bucket is full, wait for a new version (or a stop) — at most
+        ``MAX_PAUSE`` seconds, then one more batch: a learner that used the groups up without making a version
+        (all rewards equal: no signal) must get new ones, or the swarm would wait forever."""
         said = False
+        paused = time.perf_counter()
         while not self._stop.is_set():
             self.backlog.version = self.version
             if self.backlog.estimate(self.version) < self.max_inflight:
+                return
+            if time.perf_counter() - paused >= self.MAX_PAUSE:
+                logger.info("no new version for %.0f s; sampling one more batch of v%d", self.MAX_PAUSE, self.version)
                 return
             if not said:
                 logger.info("%d groups of v%d wait for the learners; pausing", self.max_inflight, self.version)
@@ -451,9 +470,8 @@ class RolloutPeer:
             window = [(t, k) for t, k in window if t > time.perf_counter() - 30] + [
                 (time.perf_counter(), n * s.group_size)
             ]
-            span = max(window[-1][0] - window[0][0], elapsed)
             self.heartbeat.update(
-                throughput=sum(k for _, k in window) / span,
+                throughput=recent_rate(window, elapsed),
                 stats={k: float(v) for k, v in self.stats.items()} | {"batch_size": float(self.batch_size)},
             )
         self.publisher.flush()
