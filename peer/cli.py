@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import click
 
@@ -146,15 +145,76 @@ def main(log_level: str | None) -> None:
 
 
 @main.command()
-def demo() -> None:
-    """Run a whole local swarm on the bundled tiny model (not built yet)."""
-    click.echo(
-        "hivegrpo demo is not built yet: the local swarm still needs the learner role. Meanwhile "
-        "`hivegrpo train-local` runs the synchronous GRPO loop on the bundled model, `hivegrpo eval` scores it, and "
-        "`hivegrpo host` + `hivegrpo join` run a swarm's coordinator and rollout peers (docs/rollout.md).",
-        err=True,
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="Seconds before the demo stops, start-up included.",
+)
+@click.option(
+    "--target",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.8,
+    show_default=True,
+    help="Stop once held-out exact match reaches this.",
+)
+@click.option("--no-target", is_flag=True, help="Run for the whole --duration.")
+@click.option("--rollout-peers", type=click.IntRange(1, 8), default=2, show_default=True)
+@click.option(
+    "--report-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where the plots, metrics.json, the logs and the final adapter go. Default: ./hivegrpo-demo-TIME.",
+)
+@click.option(
+    "--eval-every",
+    type=click.FloatRange(min=1),
+    default=15.0,
+    show_default=True,
+    help="Seconds between exact-match evaluations.",
+)
+@click.option(
+    "--eval-n", type=click.IntRange(1), default=500, show_default=True, help="Held-out examples per evaluation."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the final report's summary as one JSON object.")
+@click.pass_context
+def demo(ctx, duration, target, no_target, rollout_peers, report_dir, eval_every, eval_n, as_json) -> None:
+    """Run a whole local swarm (host, learner, rollout peers) on the bundled tiny model until it learns the task."""
+    import logging
+    import os
+    from pathlib import Path
+
+    _threads(1)
+    from peer.demo import DemoConfig, run_demo
+
+    if not (ctx.find_root().params.get("log_level") or os.environ.get("HIVEGRPO_LOG_LEVEL")):
+        logging.getLogger("hivegrpo").setLevel("WARNING")  # the live table says it; the peers' logs are in logs/
+    config = DemoConfig(
+        duration=duration,
+        target=None if no_target else target,
+        rollout_peers=rollout_peers,
+        report_dir=Path(report_dir).expanduser() if report_dir else None,
+        eval_every=eval_every,
+        eval_n=eval_n,
     )
-    sys.exit(1)
+    report = run_demo(config, live=False if as_json else None)
+    keys = ("final_exact_match", "adapter_version", "versions", "groups", "seconds", "stopped_by", "target")
+    summary = {k: report[k] for k in keys} | {
+        "report_dir": report["report_dir"],
+        "adapter": report["adapter"],
+        "plots": report["plots"],
+        "metrics": str(Path(report["report_dir"]) / "metrics.json"),
+    }
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    click.echo(
+        f"exact match {report['final_exact_match']:.3f} with adapter v{report['adapter_version']} after "
+        f"{report['seconds']:.0f} s ({report['stopped_by']}); the learner made {report['versions']} versions from "
+        f"{report['groups']} groups.\nReport: {report['report_dir']} (learning.png, throughput.png, metrics.json, "
+        f"logs/). Check the result independently with:\n  hivegrpo eval --adapter {report['adapter']}"
+    )
 
 
 @main.command("join")

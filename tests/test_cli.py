@@ -59,6 +59,7 @@ def test_user_errors_are_one_clear_line():
     assert out.returncode == 1 and "Traceback" not in out.stderr and "/nonexistent/model/dir" in out.stderr
 
 
-def test_demo_says_it_is_not_built_yet():
-    out = hivegrpo("demo", check=False)
-    assert out.returncode == 1 and "not built yet" in out.stderr
+def test_demo_refuses_a_bad_flag_before_starting_anything():
+    out = hivegrpo("demo", "--target", "1.5", check=False)
+    assert out.returncode == 2 and "--target" in out.stderr and "1.5" in out.stderr
+    assert "--rollout-peers" in hivegrpo("demo", "--help").stdout

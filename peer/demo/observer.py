@@ -1,0 +1,97 @@
+"""The demo's observer: a peer of the run (role ``observer``) that follows the adapter and measures exact match.
+
+It starts like any peer (:func:`peer.roles.session.open_session`: manifest, base model as the run says, the newest
+adapter), follows new versions with an :class:`~peer.roles.adapters.AdapterFollower` (the blob comes over P2P from
+the learner and is checked against the announced sha256), and reads what the swarm publishes about itself: the
+heartbeats (rollout peers' throughput) and the learners' :class:`~peer.protocol.MetricsRecord`. Exact match is
+:func:`peer.model.evaluate.exact_match` on the task's held-out set — what ``hivegrpo eval`` runs — on the adapter
+the observer holds, so the demo's numbers are checkable with the saved adapter file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from peer.log import get_logger
+from peer.network.swarm import NetworkConfig
+from peer.roles.closers import Closers
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class Snapshot:
+    """What the swarm looked like at one moment."""
+
+    adapter_version: int
+    learner: dict | None  # the newest MetricsRecord, as a dict
+    rollout: dict[str, float] = field(default_factory=dict)  # peer id -> groups/s from its heartbeat
+
+
+class Observer:
+    def __init__(self, run_id: str, initial_peers: list[str], coordinator: str, cache_dir: Path):
+        from peer.roles.session import SessionConfig
+
+        self.config = SessionConfig(
+            run_id, NetworkConfig.loopback(initial_peers), coordinator, device="cpu", cache_dir=cache_dir
+        )
+        self._closers = Closers()
+        self.session = None
+        self.follower = None
+
+    def start(self) -> Observer:
+        from peer.roles.adapters import AdapterFollower
+        from peer.roles.session import open_session
+
+        self.session = s = open_session(self.config, "observer", self._closers)
+        self.follower = AdapterFollower(s.swarm, s.blobs, s.version).start()
+        self._closers.add(self.follower.stop)
+        return self
+
+    @property
+    def version(self) -> int:
+        return self.session.version
+
+    def catch_up(self) -> bool:
+        """Load the newest prefetched adapter, if there is a newer one; whether the held version changed."""
+        ready = self.follower.take()
+        if ready is None:
+            return False
+        found, blob = ready
+        self.session.swap(found.version, found.sha256, blob)
+        self.follower.mark_held(found.version)
+        return True
+
+    def snapshot(self) -> Snapshot:
+        from peer.network.heartbeat import live_peers
+        from peer.protocol import MetricsRecord, RecordError, from_dht_value, metrics_key
+
+        s = self.session
+        newest = None
+        for item in s.swarm.get_dict(metrics_key(s.spec.run_id)).values():
+            try:
+                record = from_dht_value(MetricsRecord, item.value)
+            except (RecordError, ValueError):
+                continue
+            if newest is None or record.version > newest.version:
+                newest = record
+        group = s.spec.sampling.group_size
+        rollout = {
+            p.record.peer_id: p.record.throughput / group for p in live_peers(s.swarm, "rollout", include_leaving=True)
+        }
+        learner = None if newest is None else newest.dict()
+        return Snapshot(s.version, learner, rollout)
+
+    def exact_match(self, n: int) -> float:
+        from peer.model.evaluate import exact_match
+
+        s = self.session
+        result = exact_match(s.model, s.tokenizer, s.spec.task, n=n, max_new_tokens=s.spec.sampling.max_new_tokens)
+        return result.exact_match
+
+    def close(self) -> None:
+        self._closers.close()
+
+
+__all__ = ["Observer", "Snapshot"]

@@ -1,0 +1,146 @@
+"""The local swarm of ``hivegrpo demo``: a host, a learner and rollout peers as real child processes on loopback.
+
+Each child is the ``hivegrpo`` command a user would run (``python -m peer.cli host|learn|join``), in a session of
+its own (a ^C at the terminal reaches only the demo, which then stops the children in order), with one torch
+thread, its stderr in ``logs/NAME.log`` and its final ``--json`` summary in ``logs/NAME.json``. Stopping is by
+SIGTERM (each role finishes its batch or update and leaves cleanly), then SIGKILL after a grace period, always by
+the child's own PID. Rollout peers run at nice 10 with batches of 8 prompts (docs/demo.md says why).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from peer.errors import UserError
+
+LOOPBACK = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay"]
+ROLLOUT_NICE = 10  # rollout peers use the CPU the learner leaves (on 2 cores the learner is the bottleneck)
+ROLLOUT_ARGS = ["--batch-size", "8"]  # a peer swaps adapters between batches: smaller ones follow sooner
+STOP_GRACE = 60.0  # seconds a child gets to finish after SIGTERM
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str], logs: Path, nice: int = 0):
+        self.name = name
+        self.log = logs / f"{name}.log"
+        self.summary = logs / f"{name}.json"
+        self._terminated = False
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        with open(self.log, "w") as err, open(self.summary, "w") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "peer.cli", *argv],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=(lambda: os.nice(nice)) if nice else None,
+            )
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def tail(self, lines: int = 12) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def result(self) -> dict | None:
+        """The child's ``--json`` summary, once it has exited and printed one."""
+        try:
+            text = self.summary.read_text().strip().splitlines()
+            return json.loads(text[-1]) if text else None
+        except (OSError, ValueError):
+            return None
+
+    def terminate(self) -> None:
+        """SIGTERM, once: a second one can reach a child in its interpreter's shutdown and kill it mid-exit."""
+        if self.alive and not self._terminated:
+            self._terminated = True
+            self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, grace: float = STOP_GRACE) -> int:
+        """SIGTERM, then after ``grace`` SIGKILL to the child's whole process group (its session, whose id is the
+        child's PID: a child killed alone would leave its DHT process and p2pd behind); its exit code."""
+        self.terminate()
+        try:
+            code = self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            code = None
+        with contextlib.suppress(ProcessLookupError):  # nothing of the group left: the usual case
+            os.killpg(self.process.pid, signal.SIGKILL)
+        return self.process.wait() if code is None else code
+
+
+class LocalSwarm:
+    """Start with :meth:`start`; :meth:`stop` ends rollout peers, then the learner, then the host."""
+
+    def __init__(self, root: Path, logs: Path, *, run_id: str, rollout_peers: int, ledger: Path):
+        self.root, self.logs, self.run_id = root, logs, run_id
+        self.rollout_count, self.ledger = rollout_peers, ledger
+        self.host: Child | None = None
+        self.learner: Child | None = None
+        self.rollouts: list[Child] = []
+        self.info: dict = {}
+
+    def start(self, timeout: float = 180.0) -> LocalSwarm:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        info_file = self.root / "info.json"
+        host = ["host", "--run-id", self.run_id, "--cache-dir", str(self.root / "host"), *LOOPBACK]
+        self.host = Child("host", [*host, "--info-file", str(info_file)], self.logs)
+        deadline = time.monotonic() + timeout
+        while not info_file.exists():
+            if not self.host.alive or time.monotonic() > deadline:
+                raise UserError(
+                    f"the demo's host did not start within {timeout:.0f} s (log {self.host.log}):\n{self.host.tail()}"
+                )
+            time.sleep(0.2)
+        self.info = json.loads(info_file.read_text())
+        joining = ["--run-id", self.run_id, "--coordinator", self.info["coordinator"], *LOOPBACK, "--json"]
+        for maddr in self.info["initial_peers"]:
+            joining += ["--initial-peers", maddr]
+        learner = ["learn", *joining, "--cache-dir", str(self.root / "learner"), "--ledger", str(self.ledger)]
+        self.learner = Child("learner", learner, self.logs)
+        for i in range(self.rollout_count):
+            name = f"rollout-{i + 1}"
+            rollout = ["join", *joining, "--cache-dir", str(self.root / name)]
+            rollout += ["--identity", str(self.root / f"{name}.id"), *ROLLOUT_ARGS]
+            self.rollouts.append(Child(name, rollout, self.logs, nice=ROLLOUT_NICE))
+        return self
+
+    @property
+    def children(self) -> list[Child]:
+        return [c for c in (*self.rollouts, self.learner, self.host) if c is not None]
+
+    def check(self) -> list[str]:
+        """Raise if the host or the learner died; name the rollout peers that died (the swarm goes on without)."""
+        for child in (self.host, self.learner):
+            if child is not None and not child.alive:
+                raise UserError(
+                    f"the demo's {child.name} exited with code {child.process.returncode} (log {child.log}):\n"
+                    f"{child.tail()}"
+                )
+        return [c.name for c in self.rollouts if not c.alive]
+
+    def stop(self) -> dict[str, int]:
+        """Stop every child that is still running, in order; their exit codes by name."""
+        codes = {}
+        for group in (self.rollouts, [self.learner], [self.host]):
+            live = [c for c in group if c is not None]
+            for c in live:
+                c.terminate()
+            for c in live:
+                codes[c.name] = c.stop()
+        return codes
+
+
+__all__ = ["Child", "LocalSwarm"]
