@@ -3,9 +3,10 @@
 Usage: python tests/procs/liar_rollout.py MODE join ARGS...   (ARGS as for ``hivegrpo join``)
 
 MODE ``inflate``: every group claims reward 1.0 for every completion (0.0 where the honest rewards were all 1.0,
-so every group is a lie). MODE ``replay``: behaves honestly, except that the first time it samples with an adapter
-version >= 1 it first re-publishes its first version-0 group re-tagged with that version and its sha256 (the same
-seq: a group counted twice), then goes on honestly. Signatures are the liar's own and valid: only the content lies.
+so every group is a lie). MODE ``replay``: behaves honestly, except that the first time it samples with a newer
+adapter version than its first group's, it first re-publishes that first group re-tagged with the new version
+and its sha256 (the same seq: a group counted twice), then goes on honestly. Signatures are the liar's own and
+valid: only the content lies.
 """
 
 import os
@@ -20,20 +21,24 @@ def patch(mode: str) -> None:
     from peer.roles import rollout
 
     honest_put = rollout._Publisher.put
-    state: dict = {"first_v0": None, "replayed": False}
+    state: dict = {"first": None, "replayed": False}
 
     def inflate(self, group):
         lie = [0.0 if all(r == 1.0 for r in group.rewards) else 1.0] * len(group.rewards)
         honest_put(self, group.copy(update={"rewards": lie}))
 
     def replay(self, group):
-        if group.version == 0 and state["first_v0"] is None:
-            state["first_v0"] = group
-        elif group.version >= 1 and not state["replayed"] and state["first_v0"] is not None:
+        first = state["first"]
+        if first is None:
+            state["first"] = group
+        elif group.version > first.version and not state["replayed"]:
             state["replayed"] = True
-            old = state["first_v0"]
-            copy = old.copy(update={"version": group.version, "adapter_sha256": group.adapter_sha256})
-            print(f"replaying group 0.{old.seq} as {group.version}.{old.seq}", file=sys.stderr, flush=True)
+            copy = first.copy(update={"version": group.version, "adapter_sha256": group.adapter_sha256})
+            print(
+                f"replaying group {first.version}.{first.seq} as {group.version}.{first.seq}",
+                file=sys.stderr,
+                flush=True,
+            )
             honest_put(self, copy)
         honest_put(self, group)
 
