@@ -43,7 +43,7 @@ from peer.roles.closers import Closers
 from peer.roles.intake import Accepted, Intake
 from peer.roles.run import key_fingerprint
 from peer.roles.session import Session, SessionConfig, default_cache_dir, open_session
-from peer.roles.verify import Refused, check_logprobs_many
+from peer.roles.verify import Refused, check_logprobs_many, pack_rows
 
 logger = get_logger(__name__)
 
@@ -110,31 +110,24 @@ class Batch:
 
 def batch_tensors(accepted: list[Accepted], version: int, spec, pad_id: int, device) -> Batch:
     """Pack verified groups (and their staleness against ``version``) into the loss's layout."""
-    prompts, completions, behaviour, weights, rewards = [], [], [], [], []
+    behaviour, weights, rewards = [], [], []
     for a in accepted:
         g = a.group
         w = staleness_weight(version - g.version, spec.staleness)
         rewards.append(list(g.rewards))
-        prompt = g.prompt_tokens()
         for c in g.completions:
-            prompts.append(prompt)
-            completions.append(c.tokens())
             behaviour.append(c.behaviour_logprobs())
             weights.append(w)
-    P = max(len(p) for p in prompts)
-    C = max(len(c) for c in completions)
-    prompt_ids = torch.tensor([[pad_id] * (P - len(p)) + p for p in prompts], dtype=torch.long)
-    prompt_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
-    completion_ids = torch.tensor([c + [pad_id] * (C - len(c)) for c in completions], dtype=torch.long)
-    completion_mask = torch.tensor([[True] * len(c) + [False] * (C - len(c)) for c in completions])
+    prompt_ids, prompt_mask, completion_ids, completion_mask = pack_rows([a.group for a in accepted], pad_id, device)
+    C = completion_ids.shape[1]
     behaviour_t = torch.tensor([b + [0.0] * (C - len(b)) for b in behaviour], dtype=torch.float32)
     rewards_t = torch.tensor(rewards, dtype=torch.float32)
     advantages = group_advantages(rewards_t, spec.loss.adv_eps).flatten()
     return Batch(
-        prompt_ids.to(device),
-        prompt_mask.to(device),
-        completion_ids.to(device),
-        completion_mask.to(device),
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
         behaviour_t.to(device),
         advantages.to(device),
         torch.tensor(weights, dtype=torch.float32, device=device),

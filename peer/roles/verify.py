@@ -89,6 +89,23 @@ def check_group(
     return None
 
 
+def pack_rows(groups: list[GroupRecord], pad_id: int, device):
+    """Every completion of ``groups`` as one row in the layout of :func:`peer.grpo.completion_logprobs`: the prompt
+    left-padded with ``pad_id`` (mask 0 there), the completion right-padded. Returns ``(prompt_ids, prompt_mask,
+    completion_ids, completion_mask)``."""
+    import torch
+
+    prompts = [g.prompt_tokens() for g in groups for _ in g.completions]
+    completions = [c.tokens() for g in groups for c in g.completions]
+    P, C = max(len(p) for p in prompts), max(len(c) for c in completions)
+    return (
+        torch.tensor([[pad_id] * (P - len(p)) + p for p in prompts], dtype=torch.long, device=device),
+        torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=device),
+        torch.tensor([c + [pad_id] * (C - len(c)) for c in completions], dtype=torch.long, device=device),
+        torch.tensor([[True] * len(c) + [False] * (C - len(c)) for c in completions], device=device),
+    )
+
+
 def check_logprobs(model, group: GroupRecord, spec: RunSpec, tolerance: float) -> Refused | None:
     """Recompute the behaviour log-probs of ``group`` under ``model`` (holding the group's adapter)."""
     return check_logprobs_many(model, [group], spec, tolerance)[0]
@@ -104,13 +121,7 @@ def check_logprobs_many(model, groups: list[GroupRecord], spec: RunSpec, toleran
 
     from peer.grpo import completion_logprobs
 
-    device = next(model.parameters()).device
-    prompts = [g.prompt_tokens() for g in groups for _ in g.completions]
-    tokens = [c.tokens() for g in groups for c in g.completions]
-    plen, width = max(len(p) for p in prompts), max(len(t) for t in tokens)
-    prompt_ids = torch.tensor([[0] * (plen - len(p)) + p for p in prompts], device=device)
-    prompt_mask = torch.tensor([[0] * (plen - len(p)) + [1] * len(p) for p in prompts], device=device)
-    ids = torch.tensor([t + [0] * (width - len(t)) for t in tokens], device=device)
+    prompt_ids, prompt_mask, ids, _ = pack_rows(groups, 0, next(model.parameters()).device)
     with torch.no_grad():
         recomputed = completion_logprobs(model, prompt_ids, prompt_mask, ids, spec.sampling.temperature).tolist()
     results: list[Refused | None] = []
