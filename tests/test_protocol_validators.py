@@ -153,32 +153,14 @@ def test_an_accepted_record_is_not_parsed_again_and_a_refused_one_always_is(monk
     parses = []
     real = RunSchema.parse_obj.__func__
     monkeypatch.setattr(RunSchema, "parse_obj", classmethod(lambda cls, obj: parses.append(1) or real(cls, obj)))
-    good = signed(
-        validator,
-        record(
-            keys.bucket_key(RUN, 3),
-            keys.group_subkey(PUB_A, 3, 4),
-            to_dht_value(BucketEntry.of_group(group(version=3, seq=4))),
-        ),
-    )
+
+    def entry(slot: int, seq: int) -> DHTRecord:  # group 3.seq in bucket slot ``slot``
+        value = to_dht_value(BucketEntry.of_group(group(version=3, seq=seq)))
+        return signed(validator, record(keys.bucket_key(RUN, slot), keys.group_subkey(PUB_A, 3, seq), value))
+
+    good, wrong_slot, other = entry(3, 4), entry(4, 4), entry(3, 5)
     assert validator.validate(good) and validator.validate(good) and len(parses) == 1, "remembered"
-    wrong_slot = signed(
-        validator,
-        record(
-            keys.bucket_key(RUN, 4),
-            keys.group_subkey(PUB_A, 3, 4),
-            to_dht_value(BucketEntry.of_group(group(version=3, seq=4))),
-        ),
-    )
     assert not validator.validate(wrong_slot) and not validator.validate(wrong_slot) and len(parses) == 3
-    other = signed(
-        validator,
-        record(
-            keys.bucket_key(RUN, 3),
-            keys.group_subkey(PUB_A, 3, 5),
-            to_dht_value(BucketEntry.of_group(group(version=3, seq=5))),
-        ),
-    )
     assert validator.validate(other) and len(parses) == 4, "a different record is parsed"
     assert len(pickle.loads(pickle.dumps(schema))._accepted) == 2, "what it remembered travels to the DHT process"
 

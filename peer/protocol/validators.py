@@ -135,9 +135,13 @@ class _RememberingSchemaValidator(SchemaValidator):
 
     REMEMBER = 16384  # digests (32 bytes each)
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._accepted: OrderedDict[bytes, None] = OrderedDict()
+
     def validate(self, record) -> bool:
         digest = hashlib.sha256(b"\0".join((record.key, record.subkey, record.value))).digest()
-        accepted = self.__dict__.setdefault("_accepted", OrderedDict())
+        accepted = self._accepted
         if digest in accepted:
             accepted.move_to_end(digest)
             return True
