@@ -24,40 +24,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-LOOPBACK = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay"]
 
-
-def wait_for(predicate, what: str, timeout: float, procs=()) -> None:
+def wait_for(predicate, what: str, timeout: float, children=()) -> None:
     deadline = time.time() + timeout
     while not predicate():
-        for p in procs:
-            if p.poll() is not None:
-                raise RuntimeError(f"{what}: a child process exited with {p.returncode}")
+        for c in children:
+            if not c.alive:
+                raise RuntimeError(f"{what}: the {c.name} exited with {c.process.returncode} (log {c.log})")
         if time.time() > deadline:
             raise RuntimeError(f"{what}: not within {timeout:.0f} s")
         time.sleep(0.5)
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def main(argv=None) -> dict:
@@ -92,39 +75,28 @@ def main(argv=None) -> dict:
             self.ends.append(time.perf_counter())
 
     run_id = "bench-learner"
-    children: list[subprocess.Popen] = []
+    from peer.demo.swarm import LOOPBACK, Child
+
+    children: list[Child] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         learner = None
         try:
             info_file = root / "info.json"
-            cli = [sys.executable, "-m", "peer.cli"]
             host_argv = ["host", "--run-id", run_id, "--tau-max", str(tau_max), "--cache-dir", str(root / "host")]
-            children.append(
-                subprocess.Popen(
-                    [*cli, *host_argv, "--info-file", str(info_file), *LOOPBACK],
-                    stdout=subprocess.DEVNULL,
-                    stderr=open(root / "host.log", "w"),  # noqa: SIM115
-                )
-            )
+            children.append(Child("host", [*host_argv, "--info-file", str(info_file), *LOOPBACK], root))
             wait_for(info_file.exists, "the host's join details", 120, children)
             info = json.loads(info_file.read_text())
             peers = [a for m in info["initial_peers"] for a in ("--initial-peers", m)]
             join = ["join", "--run-id", run_id, "--coordinator", info["coordinator"], *peers, *LOOPBACK]
             join += ["--cache-dir", str(root / "rollout"), "--device", "cpu", "--batch-size", "16"]
             join += ["--max-inflight", str(groups), "--max-groups", str(groups)]
-            children.append(
-                subprocess.Popen(
-                    [*cli, *join],
-                    stdout=subprocess.DEVNULL,
-                    stderr=open(root / "rollout.log", "w"),  # noqa: SIM115
-                )
-            )
+            children.append(Child("rollout", join, root))
             fill_start = time.perf_counter()
             rollout = children[-1]
-            wait_for(lambda: rollout.poll() is not None, f"the rollout peer publishing {groups} groups", 900)
-            if rollout.returncode != 0:
-                raise RuntimeError(f"the rollout peer failed: {(root / 'rollout.log').read_text()[-2000:]}")
+            wait_for(lambda: not rollout.alive, f"the rollout peer publishing {groups} groups", 900)
+            if rollout.process.returncode != 0:
+                raise RuntimeError(f"the rollout peer failed: {rollout.tail(20)}")
             fill_seconds = time.perf_counter() - fill_start
             counter = join_swarm(NetworkConfig.loopback(info["initial_peers"]), run_id)
             try:  # the host's DHT node holds the (inline) entries now that their producer has left
@@ -167,7 +139,8 @@ def main(argv=None) -> dict:
         finally:
             if learner is not None:
                 learner.close()
-            stop(children)
+            for c in children:
+                c.stop()
 
     used = sum(len(chosen) for _, chosen in learner.updates)
     after_first = used - len(learner.updates[0][1])  # the steady state: from the end of the first update on
