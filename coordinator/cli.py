@@ -26,6 +26,15 @@ from peer.cli import _network_config, _network_options, _stop_on_signals, _task_
 )
 @click.option("--cache-dir", type=click.Path(file_okay=False), default="~/.cache/hivegrpo", show_default=True)
 @click.option("--info-file", type=click.Path(dir_okay=False), default=None, help="Write the join details as JSON.")
+@click.option(
+    "--web-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve the live status page, JSON API and /metrics on this port (0: any free port).",
+)
+@click.option(
+    "--web-host", default="127.0.0.1", show_default=True, help="Address of the status page (0.0.0.0: every interface)."
+)
 def host_cmd(
     run_id,
     model,
@@ -39,6 +48,8 @@ def host_cmd(
     tau_max,
     cache_dir,
     info_file,
+    web_port,
+    web_host,
     **network,
 ):
     """Host a swarm: publish the run, seed the base model and adapter v0, print the line others paste."""
@@ -61,14 +72,23 @@ def host_cmd(
         staleness=StalenessConfig(tau_max=tau_max),
         seed=seed,
     )
-    host = Host(HostConfig(settings, _network_config(**network), cache_dir=Path(cache_dir).expanduser()))
+    config = HostConfig(
+        settings,
+        _network_config(**network),
+        cache_dir=Path(cache_dir).expanduser(),
+        web_port=web_port,
+        web_host=web_host,
+    )
+    host = Host(config)
     try:
         host.start()
         if info_file:
             host.write_info(info_file)
         click.echo(
             f"hosting run {run_id}. Rollout peers join with:\n  {host.join_command('join')}\n"
-            f"Learners join with:\n  {host.join_command('learn')}"
+            f"Learners join with:\n  {host.join_command('learn')}\n"
+            f"Anyone sees the swarm with:\n  {host.join_command('status')}"
+            + (f"\nLive status page: {host.web.url}" if host.web else "")
         )
         _stop_on_signals(host.request_stop)
         host.wait()

@@ -15,19 +15,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordinator.manifest import RunSettings, build_manifest, model_folder
+from coordinator.web import StatusHistory, WebServer
 from peer.errors import UserError
 from peer.log import get_logger
 from peer.network.swarm import NetworkConfig
-from peer.protocol import manifest_key, owner_subkey, to_dht_value
+from peer.protocol import key_fingerprint, manifest_key, owner_subkey, to_dht_value
 from peer.roles.adapters import announce_adapter
 from peer.roles.closers import Closers
-from peer.roles.run import key_fingerprint
 from peer.roles.session import default_cache_dir
 
 logger = get_logger(__name__)
 
 MANIFEST_TTL = 3600.0
 REFRESH_INTERVAL = 300.0
+KNOWN_PEERS = 16  # multiaddrs of other peers the host keeps for its next start
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class HostConfig:
     cache_dir: Path = field(default_factory=default_cache_dir)
     refresh_interval: float = REFRESH_INTERVAL
     heartbeat_interval: float = 10.0
+    status_interval: float = 5.0  # how often the host reads the swarm's status (web page, known peers)
+    web_port: int | None = None  # serve the status page here (0: any free port); None: no page
+    web_host: str = "127.0.0.1"
 
 
 def adapter_v0(folder: Path, settings: RunSettings) -> bytes:
@@ -59,16 +63,18 @@ class Host:
         self._closers = Closers()
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
+        self.history: StatusHistory | None = None
+        self.web: WebServer | None = None
+        self._known_saved: list[str] = []
 
     def start(self) -> Host:
         from peer.network.blobs import BlobCache, BlobService
         from peer.network.heartbeat import Heartbeat
-        from peer.network.swarm import join
 
         c, s = self.config, self.config.settings
         folder = model_folder(s.model, s.revision)
         v0 = adapter_v0(folder, s)
-        self.swarm = join(c.network, s.run_id)
+        self.swarm = self._join()
         self._closers.add(self.swarm.shutdown)
         self.blobs = BlobService(self.swarm.dht, BlobCache(c.cache_dir / "blobs"))
         self._closers.add(self.blobs.close)
@@ -84,8 +90,69 @@ class Host:
         self._refresher = threading.Thread(target=self._refresh, name="manifest-refresh", daemon=True)
         self._refresher.start()
         self._closers.add(self._stop_refresher)
+        self.history = StatusHistory(self._read_status, interval=c.status_interval).start()
+        self._closers.add(self.history.stop)
+        if c.web_port is not None:
+            self.web = WebServer(self.history, c.web_host, c.web_port).start()
+            self._closers.add(self.web.close)
         logger.info("hosting run %s; others join with:\n  %s", s.run_id, self.join_command())
         return self
+
+    @property
+    def known_peers_file(self) -> Path | None:
+        """Beside ``--identity``: a host with a stable identity is the same coordinator when it restarts."""
+        identity = self.config.network.identity_path
+        return None if identity is None else Path(f"{identity}.{self.config.settings.run_id}.peers.json")
+
+    def _join(self):
+        """Join from ``--initial-peers``; without them, from the peers this host (same ``--identity``) last saw —
+        a restart rejoins the swarm that kept running without it — and alone when none of those answers."""
+        import dataclasses
+
+        from peer.network.swarm import SwarmJoinError, join
+
+        network, run_id = self.config.network, self.config.settings.run_id
+        if network.initial_peers:
+            return join(network, run_id)
+        known = self._known_peers()
+        if known:
+            timeout = min(network.bootstrap_timeout, 15.0)
+            try:
+                swarm = join(dataclasses.replace(network, initial_peers=known, bootstrap_timeout=timeout), run_id)
+                logger.info("rejoined the swarm through %d peer(s) seen before", len(known))
+                return swarm
+            except SwarmJoinError:
+                logger.info("none of the %d peers seen before answered: starting the swarm anew", len(known))
+        return join(network, run_id)
+
+    def _known_peers(self) -> tuple[str, ...]:
+        if self.known_peers_file is None:
+            return ()
+        try:
+            found = json.loads(self.known_peers_file.read_text())
+        except (OSError, ValueError):
+            return ()
+        return tuple(m for m in found if isinstance(m, str))[:KNOWN_PEERS] if isinstance(found, list) else ()
+
+    def _read_status(self) -> dict:
+        from peer.status import LIVE, read_status
+
+        status = read_status(self.swarm, self.fingerprint)
+        me = str(self.swarm.peer_id)
+        maddrs = [m for p in status["peers"] if p["peer_id"] != me and p["state"] in LIVE for m in p["maddrs"]]
+        if maddrs:
+            self._save_known(maddrs[:KNOWN_PEERS])
+        return status
+
+    def _save_known(self, maddrs: list[str]) -> None:
+        if maddrs == self._known_saved or self.known_peers_file is None:
+            return
+        path = self.known_peers_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(maddrs))
+        tmp.replace(path)
+        self._known_saved = maddrs
 
     def _publish(self) -> None:
         stored = self.swarm.store(
@@ -121,6 +188,7 @@ class Host:
             "initial_peers": self.swarm.visible_maddrs(),
             "coordinator": self.fingerprint,
             "invite": None,
+            "web": None if self.web is None else self.web.url,
         }
 
     def join_command(self, role: str = "join") -> str:

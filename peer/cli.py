@@ -384,6 +384,44 @@ def learn_cmd(
         )
 
 
+@main.command("status")
+@_network_options
+@click.option("--run-id", required=True, help="The run to look at, as the host printed it.")
+@click.option("--coordinator", default=None, help="Fingerprint of the host's key (picks the run's manifest).")
+@click.option("--watch", type=click.FloatRange(min=1), default=None, help="Refresh every this many seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object.")
+def status_cmd(run_id, coordinator, watch, as_json, **network):
+    """Show a swarm's live peers by role, the learners' version, staleness, rewards and bans."""
+    import dataclasses
+    import time
+
+    from peer.network.swarm import join
+    from peer.status import read_status, render
+
+    config = dataclasses.replace(_network_config(**network), client_mode=True)  # a reader serves nobody
+    if not config.initial_peers:
+        raise click.UsageError("pass --initial-peers: the multiaddr of any peer of the run (the host prints them)")
+    with join(config, run_id) as swarm:
+        if as_json and not watch:
+            click.echo(json.dumps(read_status(swarm, coordinator)))
+            return
+        from rich.console import Console
+
+        console = Console()
+        try:
+            while True:
+                status = read_status(swarm, coordinator)
+                if as_json:
+                    click.echo(json.dumps(status))
+                else:
+                    console.print(render(status))
+                if not watch:
+                    return
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            return
+
+
 @main.command("eval")
 @_model_options
 @_task_options

@@ -72,3 +72,11 @@ def test_cli_help_imports_no_torch():
 def test_tasks_import_no_torch_at_run_time():
     loaded = _modules_after("from peer.tasks import get_task\nget_task('addition').example(0, 0)")
     assert not {m for m in loaded if _top(m) in HEAVY + ("reasoning_gym",)}
+
+
+def test_status_and_the_web_page_import_no_torch():
+    loaded = _modules_after(
+        "import peer.status, coordinator.web\nfrom click.testing import CliRunner\nfrom peer.cli import main\n"
+        "assert CliRunner().invoke(main, ['status', '--help']).exit_code == 0"
+    )
+    assert not {m for m in loaded if _top(m) in HEAVY}, "a status check would load torch"

@@ -34,7 +34,7 @@ def _fingerprint(identity: Path) -> str:
     from hivemind.dht.crypto import RSASignatureValidator
 
     from peer.network.swarm import load_signing_key
-    from peer.roles.run import key_fingerprint
+    from peer.protocol import key_fingerprint
 
     public = RSASignatureValidator(load_signing_key(str(identity))).local_public_key[len(b"[owner:") : -1]
     return key_fingerprint(public)

@@ -14,11 +14,11 @@ from peer.errors import UserError
 from peer.grpo import staleness_weight
 from peer.model.loading import bundled_path
 from peer.network.buckets import Fetched
-from peer.protocol import GroupRecord
+from peer.protocol import GroupRecord, key_fingerprint
 from peer.roles.intake import Intake
 from peer.roles.learner import batch_tensors, learn_step, read_checkpoint, write_checkpoint
 from peer.roles.rollout import build_groups
-from peer.roles.run import key_fingerprint, run_spec
+from peer.roles.run import run_spec
 
 PEER_ID = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
 A = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/peer-a=="

@@ -35,6 +35,7 @@ from peer.protocol import (
     encode_tokens,
     fits_inline,
     from_dht_value,
+    key_fingerprint,
     pack,
     split_batches,
     to_dht_value,
@@ -44,7 +45,7 @@ from peer.roles import rollout
 from peer.roles.adapters import Announcement, newest_announcement
 from peer.roles.basemodel import ModelSourceError, model_files, resolve_base
 from peer.roles.rollout import _SeqCounter, auto_batch_size, build_groups, recent_rate
-from peer.roles.run import ManifestError, key_fingerprint, prompt_seed, run_spec
+from peer.roles.run import ManifestError, prompt_seed, run_spec
 from peer.roles.verify import REASONS, Refused, check_group, check_logprobs
 
 PEER_ID = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"

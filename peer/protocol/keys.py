@@ -38,6 +38,7 @@ can only write its own entries. ``owner_public_key`` is the serialized public ke
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from peer.protocol.errors import KeyFormatError
@@ -56,6 +57,14 @@ _OWNER_KEY = rb"ssh-rsa [A-Za-z0-9+/]+={0,2}"
 _NUMBER = rb"0|[1-9][0-9]{0,18}"
 OWNER_SUBKEY_RE = re.compile(rb"\[owner:(" + _OWNER_KEY + rb")\]\Z")
 GROUP_SUBKEY_RE = re.compile(rb"\[owner:(" + _OWNER_KEY + rb")\](" + _NUMBER + rb")\.(" + _NUMBER + rb")\Z")
+
+
+FINGERPRINT_CHARS = 16
+
+
+def key_fingerprint(public_key: bytes) -> str:
+    """A short, pasteable name of a signing key (``owner_public_key``): the first 16 hex digits of its sha256."""
+    return hashlib.sha256(public_key).hexdigest()[:FINGERPRINT_CHARS]
 
 
 def check_run_id(run_id: str) -> str:

@@ -39,6 +39,7 @@ from peer.protocol.limits import (
     MAX_GROUP_BYTES,
     MAX_GROUP_SIZE,
     MAX_GROUPS_PER_ENTRY,
+    MAX_HISTORY,
     MAX_INLINE_GROUP_BYTES,
     MAX_INT,
     MAX_JSON_CHARS,
@@ -52,6 +53,7 @@ from peer.protocol.limits import (
     MAX_PROVIDERS,
     MAX_REASONS,
     MAX_STATS,
+    MAX_TALLIED,
     RUN_ID_PATTERN,
 )
 from peer.protocol.serialization import from_dht_value, pack, to_dht_value, unpack
@@ -69,6 +71,7 @@ __all__ = [
     "ModelFile",
     "ModelSpec",
     "PeerRecord",
+    "PeerTally",
     "TaskSpec",
     "decode_floats",
     "decode_tokens",
@@ -466,6 +469,16 @@ class BucketEntry(_Record):
 # ---------------------------------------------------------------------------------------------------- metrics
 
 
+Fingerprint = pydantic.constr(strict=True, regex=r"[0-9a-f]{16}\Z")  # key_fingerprint: 16 hex of a signing key
+
+
+class PeerTally(_Model):
+    """What one learner did with one producer's groups: used in an update, or refused by verification."""
+
+    accepted: Count
+    rejected: Count
+
+
 class MetricsRecord(_Record):
     """A learner's running summary, for status: what it accepted, dropped and rejected, and how it is doing."""
 
@@ -479,9 +492,12 @@ class MetricsRecord(_Record):
     reward_mean: Fraction
     exact_match: Fraction | None = pydantic.Field(...)
     step_seconds: NonNegative
-    banned: pydantic.conlist(pydantic.constr(strict=True, regex=r"[0-9a-f]{16}\Z"), max_items=MAX_BANNED)
+    banned: pydantic.conlist(Fingerprint, max_items=MAX_BANNED)
+    per_peer: dict[Fingerprint, PeerTally] = pydantic.Field(default_factory=dict)
+    reward_history: pydantic.conlist(Fraction, max_items=MAX_HISTORY) = pydantic.Field(default_factory=list)
     created: Timestamp
 
+    _peers_bounded = pydantic.validator("per_peer", allow_reuse=True)(lambda v: _check_bounded_dict(v, MAX_TALLIED))
     _reasons_bounded = pydantic.validator("groups_rejected", allow_reuse=True)(
         lambda v: _check_bounded_dict(v, MAX_REASONS)
     )

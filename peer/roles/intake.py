@@ -35,8 +35,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from peer.network.buckets import Fetched
-from peer.protocol import GroupRecord
-from peer.roles.run import RunSpec, key_fingerprint
+from peer.protocol import GroupRecord, key_fingerprint
+from peer.roles.run import RunSpec
 from peer.roles.verify import Refused, check_group
 
 FORGIVEN = ("schema", "duplicate", "unknown_version", "surplus")
@@ -87,6 +87,7 @@ class Intake:
         self._pending: list[Accepted] = []
         self.counts: Counter = Counter()  # ignored_banned, dropped_stale, checked, admitted
         self.rejected: Counter = Counter()  # reason -> groups
+        self.rejected_by: Counter = Counter()  # signer -> groups refused
 
     # --- reading ---------------------------------------------------------------------------------------------------
 
@@ -214,6 +215,7 @@ class Intake:
 
     def _refuse(self, owner: bytes, refused: Refused) -> Refused:
         self.rejected[refused.reason] += 1
+        self.rejected_by[owner] += 1
         if refused.reason not in FORGIVEN:
             self.ban(owner, str(refused))
         return refused
@@ -225,6 +227,7 @@ class Intake:
         if len(groups) > bound:
             groups.sort(key=lambda a: (a.group.version, a.group.seq))
             self.rejected["surplus"] += len(groups) - bound
+            self.rejected_by[accepted.owner] += len(groups) - bound
             del groups[: len(groups) - bound]
         self.counts["admitted"] += 1
 

@@ -37,11 +37,11 @@ from peer.grpo import clipped_policy_loss, completion_logprobs, group_advantages
 from peer.log import get_logger
 from peer.model.adapter import adapter_to_bytes, lora_parameters, sha256_hex
 from peer.network.swarm import NetworkConfig
-from peer.protocol import MetricsRecord, metrics_key, owner_subkey, to_dht_value
+from peer.protocol import MetricsRecord, PeerTally, key_fingerprint, metrics_key, owner_subkey, to_dht_value
+from peer.protocol.limits import MAX_HISTORY, MAX_TALLIED
 from peer.roles.adapters import announce_adapter
 from peer.roles.closers import Closers
 from peer.roles.intake import Accepted, Intake
-from peer.roles.run import key_fingerprint
 from peer.roles.session import Session, SessionConfig, default_cache_dir, open_session
 from peer.roles.verify import Refused, check_logprobs_many, pack_rows
 
@@ -321,6 +321,7 @@ class LearnerPeer:
         self.step_seconds: list[float] = []
         self.staleness: list[int] = []
         self.history: list[dict] = []
+        self.accepted_by: Counter = Counter()  # signer -> groups used in an update
         self.resumed_from: str = "swarm"
         self._checkpointed: frozenset = frozenset()  # the sha256 of the adapter in the checkpoint (kept cached)
         self._parent_of_resumed = ""
@@ -544,6 +545,7 @@ class LearnerPeer:
             **(stats or {"no_signal": True}),
         }
         self.history.append(record)
+        self.accepted_by.update(a.owner for a in chosen)
         if stats is not None:
             logger.info(
                 "v%d: %d groups (tau mean %.2f max %d), reward %.3f, clip %.3f, ratio %.3f, step %.3fs",
@@ -576,8 +578,18 @@ class LearnerPeer:
             exact_match=None,
             step_seconds=float(record["step_seconds"]),
             banned=[key_fingerprint(o) for o in banned],
+            per_peer=self._tallies(),
+            reward_history=[min(1.0, max(0.0, float(h["reward_mean"]))) for h in self.history[-MAX_HISTORY:]],
             created=time.time(),
         )
+
+    def _tallies(self) -> dict[str, PeerTally]:
+        """Groups used and refused per producer (the most recently active ``MAX_TALLIED``), for status."""
+        owners = list(dict.fromkeys([*self.intake.rejected_by, *self.accepted_by]))
+        return {
+            key_fingerprint(o): PeerTally(accepted=self.accepted_by[o], rejected=self.intake.rejected_by[o])
+            for o in owners[-MAX_TALLIED:]
+        }
 
     def _rate(self) -> float:
         recent = [h for h in self.history if h["time"] > time.time() - 30]

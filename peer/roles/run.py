@@ -13,7 +13,6 @@ the group's subkey alone, so a peer cannot pick easy prompts or answer a questio
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -28,22 +27,17 @@ from peer.protocol import (
     ManifestRecord,
     RecordError,
     from_dht_value,
+    key_fingerprint,
     manifest_key,
     parse_owner_subkey,
 )
 from peer.tasks import Task, TaskError, derive_seed, get_task
 
-FINGERPRINT_CHARS = 16
 DEFAULT_GROUPS_PER_VERSION = 16
 
 
 class ManifestError(UserError, ValueError):
     """The run manifest is missing, ambiguous, or names something this peer cannot use."""
-
-
-def key_fingerprint(public_key: bytes) -> str:
-    """A short, pasteable name of a signing key: the first 16 hex digits of its sha256."""
-    return hashlib.sha256(public_key).hexdigest()[:FINGERPRINT_CHARS]
 
 
 def prompt_seed(run_seed: int, owner: bytes) -> int:

@@ -21,9 +21,10 @@ from peer.model.adapter import AdapterError, adapter_to_bytes, attach_lora, load
 from peer.model.config import ModelConfig
 from peer.model.loading import load_base
 from peer.network.swarm import NetworkConfig
+from peer.protocol import key_fingerprint
 from peer.roles.adapters import announcements, newest_announcement
 from peer.roles.closers import Closers
-from peer.roles.run import RunSpec, key_fingerprint, read_manifest, run_spec
+from peer.roles.run import RunSpec, read_manifest, run_spec
 
 logger = get_logger(__name__)
 

@@ -1,0 +1,219 @@
+"""The coordinator's live web page: the swarm's status over time, a JSON API and Prometheus metrics.
+
+:class:`StatusHistory` reads :func:`peer.status.read_status` every ``interval`` seconds (the same data as
+``hivegrpo status``) and keeps a bounded series of points. :class:`WebServer` serves, from a thread of the host:
+
+====================  ==================================================================================
+``/``                 the page: peers table, reward (and exact match, when the host evaluates) against
+                      time, adapter version against time, groups/s per rollout peer; it polls the API
+``/api/status``       the newest status, as ``hivegrpo status --json`` prints it
+``/api/history``      ``{"points": [...]}``, oldest first (time, version, reward, staleness, rates per peer)
+``/metrics``          Prometheus text format (gauges and counters of the newest status)
+====================  ==================================================================================
+
+The page is one self-contained HTML file (no CDN, no build step): a host on a closed network serves it whole.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib.resources import files
+from typing import Any
+
+from peer.log import get_logger
+from peer.status import LIVE
+
+logger = get_logger(__name__)
+
+HISTORY_POINTS = 4320  # 6 h at the default 5 s
+
+
+class StatusHistory:
+    """Reads the status every ``interval`` seconds on a thread; keeps the newest and a bounded series."""
+
+    def __init__(self, read: Callable[[], dict], interval: float = 5.0, points: int = HISTORY_POINTS):
+        self.read = read
+        self.interval = interval
+        self.points: deque[dict] = deque(maxlen=points)
+        self.latest: dict | None = None
+        self.extra: dict[str, Any] = {}  # what the host adds to each point (its own exact-match evaluations)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="status-history", daemon=True)
+
+    def start(self) -> StatusHistory:
+        self._thread.start()
+        return self
+
+    def poll(self) -> dict:
+        status = self.read()
+        point = point_of(status) | self.extra
+        with self._lock:
+            self.latest = status
+            self.points.append(point)
+        return status
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception as e:  # the network boundary: the page shows the last good reading meanwhile
+                logger.warning("could not read the swarm's status: %s", e)
+            self._stop.wait(self.interval)
+
+    def history(self) -> list[dict]:
+        with self._lock:
+            return list(self.points)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 30)
+
+
+def point_of(status: dict) -> dict:
+    """One point of the series: what the page plots from one status reading."""
+    return {
+        "time": status["time"],
+        "adapter_version": status["adapter_version"],
+        "reward_mean": status["reward_mean"],
+        "staleness_mean": status["staleness_mean"],
+        "groups_accepted": status["groups_accepted"],
+        "groups_rejected": status["groups_rejected"],
+        "peers": sum(status["roles"].values()),
+        "rates": {
+            p["peer_id"]: round(p["groups_per_s"], 4)
+            for p in status["peers"]
+            if p["role"] == "rollout" and p["groups_per_s"] is not None and p["state"] in LIVE
+        },
+    }
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus(status: dict, exact_match: float | None = None) -> str:
+    """The status in Prometheus' text exposition format."""
+    run = f'run="{_label(status["run_id"])}"'
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, doc: str, samples: list[tuple[str, float | None]]) -> None:
+        samples = [(labels, v) for labels, v in samples if v is not None]
+        if not samples:
+            return
+        lines.extend([f"# HELP hivegrpo_{name} {doc}", f"# TYPE hivegrpo_{name} {kind}"])
+        lines.extend(f"hivegrpo_{name}{{{run}{labels}}} {float(v):g}" for labels, v in samples)
+
+    metric(
+        "adapter_version", "gauge", "Newest adapter version the learners announced.", [("", status["adapter_version"])]
+    )
+    metric(
+        "peers",
+        "gauge",
+        "Live peers by role.",
+        [(f',role="{role}"', n) for role, n in sorted(status["roles"].items())],
+    )
+    metric("groups_accepted_total", "counter", "Groups used in an update.", [("", status["groups_accepted"])])
+    metric("groups_rejected_total", "counter", "Groups refused by verification.", [("", status["groups_rejected"])])
+    metric(
+        "groups_rejected_by_reason_total",
+        "counter",
+        "Groups refused, by reason.",
+        [(f',reason="{_label(r)}"', n) for r, n in sorted(status["groups_rejected_by_reason"].items())],
+    )
+    metric("groups_dropped_stale_total", "counter", "Groups too old to use.", [("", status["groups_dropped_stale"])])
+    metric("banned_peers", "gauge", "Signers banned by a learner.", [("", len(status["banned"]))])
+    metric("staleness_mean", "gauge", "Mean staleness of the newest update.", [("", status["staleness_mean"])])
+    metric("reward_mean", "gauge", "Mean reward of the newest update.", [("", status["reward_mean"])])
+    metric("exact_match", "gauge", "Greedy exact match the host measured.", [("", exact_match)])
+    metric(
+        "peer_groups_per_second",
+        "gauge",
+        "Groups per second from each peer's heartbeat.",
+        [
+            (f',peer="{_label(p["peer_id"])}",role="{p["role"]}"', p["groups_per_s"])
+            for p in status["peers"]
+            if p["state"] in LIVE
+        ],
+    )
+    metric(
+        "peer_adapter_version",
+        "gauge",
+        "Adapter version each peer holds.",
+        [(f',peer="{_label(p["peer_id"])}",role="{p["role"]}"', p["adapter_version"]) for p in status["peers"]],
+    )
+    return "\n".join(lines) + "\n"
+
+
+def page() -> bytes:
+    return files("coordinator").joinpath("web_page.html").read_bytes()
+
+
+class WebServer:
+    """Serves the page, the JSON API and ``/metrics`` on ``(host, port)`` (port 0: any free one) from a thread."""
+
+    def __init__(self, history: StatusHistory, host: str = "127.0.0.1", port: int = 0):
+        self.history = history
+        handler = type("Handler", (_Handler,), {"server_state": self})
+        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="web", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}/"
+
+    def start(self) -> WebServer:
+        self._thread.start()
+        logger.info("status page at %s", self.url)
+        return self
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_state: WebServer
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's name)
+        logger.debug("web: " + format, *args)
+
+    def _send(self, code: int, body: bytes, kind: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, value: Any, code: int = 200) -> None:
+        self._send(code, json.dumps(value).encode(), "application/json")
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        history = self.server_state.history
+        path = self.path.split("?", 1)[0]
+        latest = history.latest
+        if path in ("/", "/index.html"):
+            self._send(200, page(), "text/html; charset=utf-8")
+        elif path == "/api/history":
+            self._json({"points": history.history(), "now": time.time()})
+        elif path in ("/api/status", "/metrics") and latest is None:
+            self._json({"error": "no status read yet; try again in a few seconds"}, 503)
+        elif path == "/api/status":
+            self._json(latest | {"exact_match": history.extra.get("exact_match")})
+        elif path == "/metrics":
+            text = prometheus(latest, history.extra.get("exact_match"))
+            self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
+        else:
+            self._json({"error": f"no page {path}; try /, /api/status, /api/history or /metrics"}, 404)
+
+
+__all__ = ["StatusHistory", "WebServer", "point_of", "prometheus"]

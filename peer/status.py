@@ -1,0 +1,274 @@
+"""What a swarm looks like right now, read from what its peers publish (``hivegrpo status``, the host's web page).
+
+Everything comes from the DHT, nothing from any one peer's word about the others: the heartbeats under
+``{run}_peers`` (role, adapter version, throughput, last seen), the learners' :class:`~peer.protocol.MetricsRecord`
+under ``{run}_metrics`` (groups accepted / dropped / rejected, staleness, reward, bans, and per producer how many of
+its groups were used or refused), the adapter announcements, and the manifest. :func:`read_status` gathers them;
+:func:`summarize` (pure) turns them into one JSON-ready dict; :func:`render` draws it as rich tables.
+
+It imports no torch: a status check is a small DHT client (``client_mode``), seconds to start.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from peer.protocol import (
+    AdapterRecord,
+    ManifestRecord,
+    MetricsRecord,
+    RecordError,
+    adapter_key,
+    from_dht_value,
+    key_fingerprint,
+    manifest_key,
+    metrics_key,
+    parse_owner_subkey,
+)
+
+ROLES = ("coordinator", "learner", "rollout")  # the roles status lists as peers; others (observers) are counted
+SPARKS = "▁▂▃▄▅▆▇█"
+# a heartbeat comes every HEARTBEAT_INTERVAL (10 s) and lives HEARTBEAT_TTL (30 s): one this old missed two beats,
+# so the peer is likely dead or frozen (it disappears when the record expires)
+SILENT_AFTER = 25.0
+LIVE = ("starting", "running")  # the states status counts as live ("silent" and "leaving" are not)
+
+
+def _records(swarm, key: str, cls) -> list[tuple[bytes, Any]]:
+    out = []
+    for subkey, item in swarm.get_dict(key).items():
+        try:
+            out.append((parse_owner_subkey(subkey), from_dht_value(cls, item.value)))
+        except (RecordError, ValueError):
+            continue  # every peer's validator refuses these on store; a reader skips what still slips through
+    return out
+
+
+def read_status(swarm, coordinator: str | None = None) -> dict[str, Any]:
+    """The status of ``swarm``'s run, read now; ``coordinator`` (a key fingerprint) picks its manifest."""
+    from peer.network.heartbeat import live_peers
+
+    peers = [(p.owner, p.record) for p in live_peers(swarm, include_leaving=True)]
+    return summarize(
+        swarm.run_id,
+        peers,
+        _records(swarm, metrics_key(swarm.run_id), MetricsRecord),
+        _records(swarm, adapter_key(swarm.run_id), AdapterRecord),
+        _records(swarm, manifest_key(swarm.run_id), ManifestRecord),
+        coordinator=coordinator,
+    )
+
+
+def _manifest(run_id: str, manifests, peers, coordinator: str | None) -> tuple[dict | None, list[str]]:
+    """The run's manifest (signed by ``coordinator``, else by the peer heartbeating as coordinator, else the only
+    one) as a short dict, and what status could not settle."""
+    mine = [(o, m) for o, m in manifests if m.run_id == run_id]
+    if coordinator is not None:
+        chosen = [(o, m) for o, m in mine if key_fingerprint(o) == coordinator]
+    else:
+        hosts = {o for o, r in peers if r.role == "coordinator"}
+        chosen = [(o, m) for o, m in mine if o in hosts] or mine
+    if len(chosen) != 1:
+        who = f" signed by {coordinator}" if coordinator else ""
+        if not chosen:
+            return None, [f"no manifest{who} in the swarm (the coordinator may be down; peers keep running)"]
+        prints = ", ".join(sorted(key_fingerprint(o) for o, _ in chosen))
+        return None, [f"{len(chosen)} manifests for this run (coordinators {prints}): pass --coordinator"]
+    owner, m = chosen[0]
+    grpo = m.grpo()
+    sampling = grpo.get("sampling", {}) if isinstance(grpo.get("sampling"), dict) else {}
+    staleness = grpo.get("staleness", {}) if isinstance(grpo.get("staleness"), dict) else {}
+    return {
+        "coordinator": key_fingerprint(owner),
+        "coordinator_peer_id": m.coordinator,
+        "access": m.access,
+        "model": m.model.name,
+        "quantization": m.model.quantization,
+        "task": m.task.name,
+        "group_size": sampling.get("group_size"),
+        "tau_max": staleness.get("tau_max"),
+        "groups_per_version": grpo.get("groups_per_version"),
+        "created": m.created,
+    }, []
+
+
+def summarize(
+    run_id: str,
+    peers: list[tuple[bytes, Any]],
+    metrics: list[tuple[bytes, MetricsRecord]],
+    adapters: list[tuple[bytes, AdapterRecord]],
+    manifests: list[tuple[bytes, ManifestRecord]],
+    *,
+    coordinator: str | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """One JSON-ready dict of the swarm's state from its records (``(signing key, record)`` pairs)."""
+    now = time.time() if now is None else now
+    manifest, problems = _manifest(run_id, manifests, peers, coordinator)
+    group_size = (manifest or {}).get("group_size")
+    learned = sorted((m for _, m in metrics), key=lambda m: m.version)
+    newest = learned[-1] if learned else None
+    banned = sorted({fp for m in learned for fp in m.banned})
+    tallies: dict[str, list[int]] = {}
+    for m in learned:
+        for fp, t in m.per_peer.items():
+            got = tallies.setdefault(fp, [0, 0])
+            got[0] += t.accepted
+            got[1] += t.rejected
+    rows = []
+    for owner, r in peers:
+        if r.role not in ROLES:
+            continue
+        fp = key_fingerprint(owner)
+        accepted, rejected = tallies.get(fp, (0, 0))
+        silent = r.state != "leaving" and now - r.last_seen > SILENT_AFTER
+        if r.role == "rollout":  # a rollout peer reports completions/s, a learner groups/s
+            groups_per_s = r.throughput / group_size if group_size else None
+        else:
+            groups_per_s = r.throughput if r.role == "learner" else None
+        rows.append(
+            {
+                "peer_id": r.peer_id,
+                "fingerprint": fp,
+                "role": r.role,
+                "state": "silent" if silent else r.state,
+                "adapter_version": r.adapter_version,
+                "throughput": r.throughput,
+                "groups_per_s": groups_per_s,
+                "accepted": accepted,
+                "rejected": rejected,
+                "banned": fp in banned,
+                "last_seen_s": round(max(0.0, now - r.last_seen), 1),
+                "uptime_s": round(max(0.0, now - r.started), 1),
+                "hardware": r.hardware,
+                "reachable": r.reachable,
+                "maddrs": list(r.maddrs),
+            }
+        )
+    rows.sort(key=lambda row: (ROLES.index(row["role"]), row["peer_id"]))
+    versions = [m.version for m in learned] + [a.version for _, a in adapters]
+    history = list(newest.reward_history) if newest is not None else []
+    half = len(history) // 2
+    trend = sum(history[half:]) / (len(history) - half) - sum(history[:half]) / half if half else None
+    rejected_by: dict[str, int] = {}
+    for m in learned:
+        for reason, n in m.groups_rejected.items():
+            rejected_by[reason] = rejected_by.get(reason, 0) + n
+    return {
+        "run_id": run_id,
+        "time": now,
+        "adapter_version": max(versions, default=-1),
+        "manifest": manifest,
+        "problems": problems,
+        "peers": rows,
+        "roles": {role: sum(1 for row in rows if row["role"] == role and row["state"] in LIVE) for role in ROLES},
+        "others": sum(1 for _, r in peers if r.role not in ROLES),
+        "learners": [
+            {
+                "peer_id": m.learner,
+                "version": m.version,
+                "groups_accepted": m.groups_accepted,
+                "groups_dropped_stale": m.groups_dropped_stale,
+                "groups_rejected": dict(m.groups_rejected),
+                "staleness_mean": m.staleness_mean,
+                "staleness_max": m.staleness_max,
+                "reward_mean": m.reward_mean,
+                "step_seconds": m.step_seconds,
+                "age_s": round(max(0.0, now - m.created), 1),
+            }
+            for m in reversed(learned)
+        ],
+        "groups_accepted": sum(m.groups_accepted for m in learned),
+        "groups_rejected": sum(rejected_by.values()),
+        "groups_rejected_by_reason": rejected_by,
+        "groups_dropped_stale": sum(m.groups_dropped_stale for m in learned),
+        "banned": banned,
+        "staleness_mean": None if newest is None else newest.staleness_mean,
+        "staleness_max": None if newest is None else newest.staleness_max,
+        "reward_mean": None if newest is None else newest.reward_mean,
+        "reward_history": history,
+        "reward_trend": None if trend is None else round(trend, 4),
+    }
+
+
+def sparkline(values: list[float], low: float = 0.0, high: float = 1.0) -> str:
+    """``values`` in [low, high] as block characters, one per value."""
+    span = (high - low) or 1.0
+    return "".join(SPARKS[min(len(SPARKS) - 1, max(0, int((v - low) / span * len(SPARKS))))] for v in values)
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
+
+
+def render(status: dict[str, Any]):
+    """The status as rich renderables (a header, the peers table, the learners table)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    m = status["manifest"]
+    roles = status["roles"]
+    head = Text()
+    head.append(f"run {status['run_id']}", style="bold")
+    head.append(f" · adapter v{status['adapter_version']}")
+    if m:
+        head.append(f" · {m['model']} ({m['quantization']}) on {m['task']}, G={m['group_size']}, {m['access']}")
+    head.append(
+        f"\n{roles['coordinator']} coordinator · {roles['learner']} learner(s) · {roles['rollout']} rollout peer(s)"
+        f" · groups accepted {status['groups_accepted']}, rejected {status['groups_rejected']}, "
+        f"dropped stale {status['groups_dropped_stale']} · banned {len(status['banned'])}"
+    )
+    if status["staleness_mean"] is not None:
+        head.append(f"\nstaleness mean {status['staleness_mean']:.2f}, max {status['staleness_max']}")
+    if status["reward_history"]:
+        trend = status["reward_trend"]
+        head.append(f" · reward {status['reward_mean']:.3f} {sparkline(status['reward_history'])}")
+        if trend is not None:
+            head.append(
+                f" ({'+' if trend >= 0 else ''}{trend:.3f} over the last {len(status['reward_history'])} versions)"
+            )
+    for problem in status["problems"]:
+        head.append(f"\n! {problem}", style="yellow")
+
+    peers = Table(title="peers", title_justify="left")
+    for name in ("peer", "role", "state", "v", "groups/s", "used", "refused", "seen"):
+        peers.add_column(name, justify="left" if name in ("peer", "role", "state") else "right")
+    for p in status["peers"]:
+        rate = "-" if p["groups_per_s"] is None else f"{p['groups_per_s']:.2f}"
+        state = "banned" if p["banned"] else p["state"]
+        produces = p["role"] == "rollout"
+        peers.add_row(
+            "…" + p["peer_id"][-8:],
+            p["role"],
+            Text(state, style="red" if p["banned"] else ("dim" if state not in LIVE else "")),
+            str(p["adapter_version"]),
+            rate,
+            str(p["accepted"]) if produces else "",
+            str(p["rejected"]) if produces else "",
+            _ago(p["last_seen_s"]),
+        )
+    parts = [head, peers]
+    if status["learners"]:
+        learners = Table(title="learners", title_justify="left")
+        for name in ("learner", "v", "used", "stale", "refused", "tau", "reward", "step s"):
+            learners.add_column(name, justify="left" if name == "learner" else "right")
+        for q in status["learners"]:
+            learners.add_row(
+                "…" + q["peer_id"][-8:],
+                str(q["version"]),
+                str(q["groups_accepted"]),
+                str(q["groups_dropped_stale"]),
+                str(sum(q["groups_rejected"].values())),
+                f"{q['staleness_mean']:.2f}",
+                f"{q['reward_mean']:.3f}",
+                f"{q['step_seconds']:.2f}",
+            )
+        parts.append(learners)
+    if status["banned"]:
+        parts.append(Text("banned signers: " + ", ".join(status["banned"]), style="red"))
+    return Group(*parts)
+
+
+__all__ = ["ROLES", "read_status", "render", "sparkline", "summarize"]

@@ -1,0 +1,243 @@
+"""The status summary, its rendering, the web page's series and Prometheus text, from records built here."""
+
+import json
+import re
+import urllib.error
+import urllib.request
+
+import pytest
+from hivemind.utils.crypto import RSAPrivateKey
+
+from coordinator.web import StatusHistory, WebServer, point_of, prometheus
+from peer.protocol import (
+    AdapterRecord,
+    ManifestRecord,
+    MetricsRecord,
+    ModelFile,
+    ModelSpec,
+    PeerRecord,
+    PeerTally,
+    RecordError,
+    TaskSpec,
+    key_fingerprint,
+    to_dht_value,
+)
+from peer.protocol.limits import MAX_DHT_VALUE_BYTES, MAX_HISTORY, MAX_TALLIED
+from peer.status import SILENT_AFTER, render, sparkline, summarize
+
+NOW = 1_000_000.0
+KEYS = {name: RSAPrivateKey().get_public_key().to_bytes() for name in ("host", "learner", "r1", "r2", "other")}
+FP = {name: key_fingerprint(key) for name, key in KEYS.items()}
+ID = {"host": "QmHost", "learner": "QmLearner", "r1": "QmR1", "r2": "QmR2", "other": "QmZ9"}  # base58 ids
+
+
+def beat(name: str, role: str, *, version: int = 3, throughput: float = 16.0, seen: float = 1.0, state="running"):
+    record = PeerRecord(
+        peer_id=ID[name],
+        role=role,
+        adapter_version=version,
+        throughput=throughput,
+        hardware="x86_64 Linux",
+        reachable=True,
+        maddrs=[f"/ip4/127.0.0.1/tcp/1/p2p/{ID[name]}"],
+        started=NOW - 100,
+        last_seen=NOW - seen,
+        state=state,
+        stats={},
+    )
+    return KEYS[name], record
+
+
+def metrics(version: int, **fields) -> MetricsRecord:
+    values = dict(
+        learner="QmLearner",
+        version=version,
+        groups_accepted=40,
+        groups_dropped_stale=5,
+        groups_rejected={"surplus": 2, "reward": 3},
+        staleness_mean=1.5,
+        staleness_max=3,
+        reward_mean=0.5,
+        exact_match=None,
+        step_seconds=0.3,
+        banned=[FP["r2"]],
+        per_peer={FP["r1"]: PeerTally(accepted=30, rejected=0), FP["r2"]: PeerTally(accepted=10, rejected=5)},
+        reward_history=[0.2, 0.2, 0.4, 0.6],
+        created=NOW - 2,
+    )
+    values.update(fields)
+    return MetricsRecord(**values)
+
+
+def manifest(run_id: str = "run-s", group_size: int = 8) -> ManifestRecord:
+    grpo = {"sampling": {"group_size": group_size}, "staleness": {"tau_max": 4}, "groups_per_version": 16}
+    return ManifestRecord(
+        run_id=run_id,
+        created=NOW - 200,
+        access="public",
+        seed=0,
+        model=ModelSpec(
+            name="bundled", revision=None, quantization="nf4", files=[ModelFile(path="m", sha256="d" * 64, size=1)]
+        ),
+        task=TaskSpec(name="addition", config_json="{}"),
+        grpo_json=json.dumps(grpo),
+        lora_json="{}",
+        adapter0_sha256="a" * 64,
+        coordinator="QmHost",
+    )
+
+
+def adapter(version: int) -> AdapterRecord:
+    return AdapterRecord(
+        version=version,
+        sha256="b" * 64,
+        parent_sha256="c" * 64 if version else "",
+        size=100,
+        providers=["QmLearner"],
+        created=NOW - 1,
+        learner="QmLearner",
+    )
+
+
+def swarm_status(**overrides) -> dict:
+    args = dict(
+        peers=[beat("host", "coordinator", version=0), beat("learner", "learner", version=7), beat("r1", "rollout")],
+        metrics=[(KEYS["learner"], metrics(7))],
+        adapters=[(KEYS["learner"], adapter(7))],
+        manifests=[(KEYS["host"], manifest())],
+    )
+    args.update(overrides)
+    return summarize("run-s", args["peers"], args["metrics"], args["adapters"], args["manifests"], now=NOW)
+
+
+def test_summary_lists_peers_by_role_with_versions_rates_and_what_the_learners_did_with_their_groups():
+    s = swarm_status()
+    assert s["run_id"] == "run-s" and s["adapter_version"] == 7 and s["problems"] == []
+    assert [(p["role"], p["adapter_version"]) for p in s["peers"]] == [
+        ("coordinator", 0),
+        ("learner", 7),
+        ("rollout", 3),
+    ]
+    assert s["roles"] == {"coordinator": 1, "learner": 1, "rollout": 1}
+    rollout = s["peers"][2]
+    assert rollout["groups_per_s"] == 2.0, "a rollout peer's completions/s over the manifest's G = 8"
+    assert (rollout["accepted"], rollout["rejected"], rollout["banned"]) == (30, 0, False)
+    assert s["peers"][1]["groups_per_s"] == 16.0, "a learner reports groups/s already"
+    assert (s["groups_accepted"], s["groups_rejected"], s["groups_dropped_stale"]) == (40, 5, 5)
+    assert s["groups_rejected_by_reason"] == {"surplus": 2, "reward": 3} and s["banned"] == [FP["r2"]]
+    assert s["manifest"]["coordinator"] == FP["host"] and s["manifest"]["group_size"] == 8
+    assert s["reward_history"] == [0.2, 0.2, 0.4, 0.6] and s["reward_trend"] == pytest.approx(0.3)
+    json.dumps(s)  # JSON-ready as it is
+
+
+def test_a_banned_producer_is_marked_and_a_peer_that_missed_two_beats_is_silent_not_live():
+    peers = [beat("r1", "rollout", seen=SILENT_AFTER + 1), beat("r2", "rollout"), beat("other", "observer")]
+    s = swarm_status(peers=peers)
+    by_key = {p["fingerprint"]: p for p in s["peers"]}
+    assert by_key[FP["r1"]]["state"] == "silent" and by_key[FP["r2"]]["banned"]
+    assert (by_key[FP["r2"]]["accepted"], by_key[FP["r2"]]["rejected"]) == (10, 5)
+    assert s["roles"] == {"coordinator": 0, "learner": 0, "rollout": 1}, "a silent peer is listed, not counted"
+    assert s["others"] == 1 and all(p["role"] != "observer" for p in s["peers"])
+    assert by_key[FP["r1"]]["groups_per_s"] == 2.0
+
+
+def test_the_newest_version_counts_and_tallies_of_several_learners_add_up():
+    second = metrics(9, learner="QmSecond", per_peer={FP["r1"]: PeerTally(accepted=1, rejected=2)}, banned=[])
+    s = swarm_status(metrics=[(KEYS["learner"], metrics(7)), (KEYS["other"], second)], adapters=[])
+    assert s["adapter_version"] == 9 and [q["version"] for q in s["learners"]] == [9, 7]
+    r1 = next(p for p in s["peers"] if p["fingerprint"] == FP["r1"])
+    assert (r1["accepted"], r1["rejected"]) == (31, 2)
+    assert s["groups_accepted"] == 80 and s["banned"] == [FP["r2"]]
+
+
+def test_without_any_learner_record_the_version_is_the_announced_one_or_minus_one():
+    assert swarm_status(metrics=[], adapters=[(KEYS["host"], adapter(0))])["adapter_version"] == 0
+    empty = swarm_status(metrics=[], adapters=[], peers=[], manifests=[])
+    assert empty["adapter_version"] == -1 and empty["staleness_mean"] is None and empty["reward_trend"] is None
+    assert empty["manifest"] is None and "no manifest" in empty["problems"][0]
+
+
+def test_the_manifest_is_the_named_coordinators_or_the_heartbeating_coordinators_never_a_guess():
+    two = [(KEYS["host"], manifest()), (KEYS["other"], manifest(group_size=4))]
+    assert swarm_status(manifests=two)["manifest"]["coordinator"] == FP["host"], "the one heartbeating as coordinator"
+    s = swarm_status(manifests=two, peers=[beat("r1", "rollout")])
+    assert s["manifest"] is None and "pass --coordinator" in s["problems"][0]
+    assert s["peers"][0]["groups_per_s"] is None, "no G known: no groups/s invented"
+    s = summarize("run-s", [], [], [], two, coordinator=FP["other"], now=NOW)
+    assert s["manifest"]["group_size"] == 4
+    assert swarm_status(manifests=[(KEYS["host"], manifest(run_id="elsewhere"))])["manifest"] is None
+
+
+def test_render_shows_the_run_the_peers_and_the_bans():
+    from rich.console import Console
+
+    console = Console(width=120, record=True)
+    console.print(render(swarm_status(peers=[beat("host", "coordinator"), beat("r2", "rollout")])))
+    text = console.export_text()
+    assert "run run-s" in text and "adapter v7" in text and "addition" in text
+    assert "coordinator" in text and "banned" in text and FP["r2"] in text
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
+
+
+def test_metrics_record_tallies_and_history_are_bounded_and_fit_the_dht_at_their_largest():
+    tallies = {f"{i:016x}": PeerTally(accepted=2**40, rejected=2**40) for i in range(MAX_TALLIED)}
+    big = metrics(1, per_peer=tallies, reward_history=[0.5] * MAX_HISTORY, banned=[f"{i:016x}" for i in range(64)])
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    assert len(MSGPackSerializer.dumps(to_dht_value(big))) < MAX_DHT_VALUE_BYTES / 2
+    with pytest.raises(ValueError):
+        metrics(1, per_peer={**tallies, "f" * 16: PeerTally(accepted=0, rejected=0)})
+    with pytest.raises(ValueError):
+        metrics(1, reward_history=[0.5] * (MAX_HISTORY + 1))
+    with pytest.raises(ValueError):
+        metrics(1, per_peer={"not-a-fingerprint": PeerTally(accepted=0, rejected=0)})
+    with pytest.raises((ValueError, RecordError)):
+        metrics(1, per_peer={FP["r1"]: PeerTally(accepted=-1, rejected=0)})
+
+
+def test_prometheus_text_has_one_typed_sample_per_line_and_escapes_labels():
+    s = swarm_status()
+    s["peers"][2]["peer_id"] = 'Qm"odd\\'
+    text = prometheus(s, exact_match=0.75)
+    sample = re.compile(r'hivegrpo_[a-z_]+\{run="run-s"(,[a-z]+="([^"\\]|\\.)*")*\} -?[0-9.e+-]+\Z')
+    lines = text.strip().splitlines()
+    assert all(line.startswith("# ") or sample.match(line) for line in lines), [
+        line for line in lines if not line.startswith("# ") and not sample.match(line)
+    ]
+    assert 'hivegrpo_adapter_version{run="run-s"} 7' in lines
+    assert 'hivegrpo_peers{run="run-s",role="rollout"} 1' in lines
+    assert 'hivegrpo_groups_rejected_by_reason_total{run="run-s",reason="reward"} 3' in lines
+    assert 'hivegrpo_exact_match{run="run-s"} 0.75' in lines
+    assert 'peer="Qm\\"odd\\\\"' in text
+    assert "hivegrpo_staleness_mean" not in prometheus(swarm_status(metrics=[])), "no learner: no staleness sample"
+
+
+def test_history_points_and_the_server_routes():
+    readings = iter([swarm_status(), swarm_status(metrics=[(KEYS["learner"], metrics(8))])])
+    history = StatusHistory(lambda: next(readings), interval=3600)
+    server = WebServer(history, port=0).start()
+    try:
+
+        def get(path: str):
+            with urllib.request.urlopen(server.url + path.lstrip("/"), timeout=10) as r:
+                return r.status, r.headers["Content-Type"], r.read()
+
+        with pytest.raises(urllib.error.HTTPError) as e:
+            get("/api/status")
+        assert e.value.code == 503, "nothing read yet: says so, does not invent a status"
+        history.poll()
+        history.poll()
+        code, kind, body = get("/")
+        assert code == 200 and kind.startswith("text/html") and b'id="reward-chart"' in body
+        status = json.loads(get("/api/status")[2])
+        assert status["adapter_version"] == 8 and status["exact_match"] is None
+        points = json.loads(get("/api/history")[2])["points"]
+        assert [p["adapter_version"] for p in points] == [7, 8]
+        assert points[0] == point_of(swarm_status()) and points[0]["rates"] == {"QmR1": 2.0}
+        code, kind, body = get("/metrics")
+        assert kind.startswith("text/plain") and b'hivegrpo_adapter_version{run="run-s"} 8' in body
+        with pytest.raises(urllib.error.HTTPError) as e:
+            get("/nothing-here")
+        assert e.value.code == 404
+    finally:
+        server.close()
