@@ -19,18 +19,31 @@ class Procs:
         self.root = root
         self.procs: list[tuple[subprocess.Popen, Path]] = []
 
-    def start(self, name: str, *args: str) -> subprocess.Popen:
+    def start(self, name: str, *args: str, new_session: bool = False) -> subprocess.Popen:
         """``python -m peer.cli ARGS`` (the ``hivegrpo`` command)."""
-        return self.start_argv(name, ["-m", "peer.cli", *args])
+        return self.start_argv(name, ["-m", "peer.cli", *args], new_session=new_session)
 
-    def start_argv(self, name: str, argv: list[str]) -> subprocess.Popen:
-        """``python ARGV`` with stdout piped and stderr to ``<name>.log``."""
+    def start_argv(self, name: str, argv: list[str], new_session: bool = False) -> subprocess.Popen:
+        """``python ARGV`` with stdout piped and stderr to ``<name>.log``; ``new_session``: in a process group of
+        its own (with its DHT process and libp2p daemon), so :meth:`kill_group` ends all of it like a machine dying."""
         log = self.root / f"{name}.log"
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
         with open(log, "w") as f:
-            p = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=f, text=True, env=env)
+            p = subprocess.Popen(
+                [sys.executable, *argv],
+                stdout=subprocess.PIPE,
+                stderr=f,
+                text=True,
+                env=env,
+                start_new_session=new_session,
+            )
         self.procs.append((p, log))
         return p
+
+    def kill_group(self, p: subprocess.Popen) -> None:
+        """SIGKILL a process started with ``new_session=True`` and everything in its group, then reap it."""
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
 
     def log(self, p: subprocess.Popen) -> str:
         return next(log for q, log in self.procs if q is p).read_text()
@@ -68,11 +81,13 @@ def model_copy(tmp_path: Path, name: str = "tiny-copy") -> Path:
     return folder
 
 
-def start_host(procs: Procs, tmp_path: Path, run_id: str, *args: str) -> tuple[subprocess.Popen, dict]:
+def start_host(
+    procs: Procs, tmp_path: Path, run_id: str, *args: str, name: str = "host", new_session: bool = False
+) -> tuple[subprocess.Popen, dict]:
     """``hivegrpo host`` for ``run_id``; returns the process and its info file's contents once written."""
-    info_file = tmp_path / f"{run_id}-info.json"
+    info_file = tmp_path / f"{run_id}-{name}-info.json"
     host = procs.start(
-        "host",
+        name,
         "host",
         "--run-id",
         run_id,
@@ -82,6 +97,7 @@ def start_host(procs: Procs, tmp_path: Path, run_id: str, *args: str) -> tuple[s
         str(info_file),
         *args,
         *LOOPBACK,
+        new_session=new_session,
     )
     wait_until(info_file.exists, "the host's info file", procs=[host])
     return host, json.loads(info_file.read_text())
