@@ -27,6 +27,11 @@ from peer.cli import _network_config, _network_options, _stop_on_signals, _task_
 @click.option("--cache-dir", type=click.Path(file_okay=False), default="~/.cache/hivegrpo", show_default=True)
 @click.option("--info-file", type=click.Path(dir_okay=False), default=None, help="Write the join details as JSON.")
 @click.option(
+    "--private",
+    is_flag=True,
+    help="Only invited peers may join (needs --identity); `hivegrpo invite` issues and revokes invites.",
+)
+@click.option(
     "--web-port",
     type=click.IntRange(0, 65535),
     default=None,
@@ -48,6 +53,7 @@ def host_cmd(
     tau_max,
     cache_dir,
     info_file,
+    private,
     web_port,
     web_host,
     **network,
@@ -71,6 +77,7 @@ def host_cmd(
         groups_per_version=groups_per_version,
         staleness=StalenessConfig(tau_max=tau_max),
         seed=seed,
+        access="private" if private else "public",
     )
     config = HostConfig(
         settings,
@@ -89,8 +96,56 @@ def host_cmd(
             f"Learners join with:\n  {host.join_command('learn')}\n"
             f"Anyone sees the swarm with:\n  {host.join_command('status')}"
             + (f"\nLive status page: {host.web.url}" if host.web else "")
+            + (
+                f"\nThis swarm is private: the lines above carry invite {host.invite.invite_id}; give each peer its "
+                f"own with `hivegrpo invite --identity {network['identity']} --run-id {run_id} --name NAME`."
+                if host.invite
+                else ""
+            )
         )
         _stop_on_signals(host.request_stop)
         host.wait()
     finally:
         host.close()
+
+
+@click.command("invite")
+@click.option("--identity", required=True, type=click.Path(dir_okay=False), help="The host's --identity file.")
+@click.option("--run-id", required=True, help="The private run, as the host runs it.")
+@click.option("--name", default="", help="Who the invite is for (shown in --list).")
+@click.option(
+    "--expires", default="7d", show_default=True, help="How long it stays valid: 30m, 12h, 7d, ... or never."
+)
+@click.option("--revoke", "revoke", multiple=True, metavar="ID", help="Revoke the invite with this id (repeatable).")
+@click.option("--list", "show", is_flag=True, help="List the invites issued, with their state.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def invite_cmd(identity, run_id, name, expires, revoke, show, as_json):
+    """Issue (default), revoke or list the invites of a private swarm; the running host applies changes in seconds."""
+    import json
+
+    from coordinator.invites import InviteBook, parse_duration
+
+    book = InviteBook(identity, run_id)
+    if revoke or show:
+        for invite_id in revoke:
+            entry = book.revoke(invite_id)
+            if not as_json:
+                click.echo(f"revoked invite {invite_id} ({entry['name'] or 'unnamed'})")
+        if show or as_json:
+            entries = [{k: v for k, v in e.items() if k != "token"} for e in book.entries()]
+            if as_json:
+                click.echo(json.dumps({"invites": entries, "revoked": book.revoked()}))
+            else:
+                import time
+
+                for e in entries:
+                    until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(e["expires"])) if e["expires"] else "never"
+                    click.echo(f"{e['id']}  {e['state']:8}  expires {until:20}  {e['name']}")
+        return
+    invite = book.issue(name, parse_duration(expires))
+    if as_json:
+        click.echo(
+            json.dumps({"id": invite.invite_id, "name": name, "expires": invite.expires, "invite": invite.token})
+        )
+    else:
+        click.echo(f"{invite.describe()}:\n{invite.token}\npeers pass it as --invite (or HIVEGRPO_INVITE)")

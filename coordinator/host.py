@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from coordinator.invites import InviteBook
 from coordinator.manifest import RunSettings, build_manifest, model_folder
 from coordinator.web import StatusHistory, WebServer
 from peer.errors import UserError
@@ -29,6 +30,7 @@ logger = get_logger(__name__)
 MANIFEST_TTL = 3600.0
 REFRESH_INTERVAL = 300.0
 KNOWN_PEERS = 16  # multiaddrs of other peers the host keeps for its next start
+BOOK_POLL = 2.0  # seconds between looks at the invite book
 
 
 @dataclass(frozen=True)
@@ -66,18 +68,29 @@ class Host:
         self.history: StatusHistory | None = None
         self.web: WebServer | None = None
         self._known_saved: list[str] = []
+        self.book: InviteBook | None = None  # a private run's invites
+        self.invite = None  # the invite printed in the join lines (private runs)
 
     def start(self) -> Host:
         from peer.network.blobs import BlobCache, BlobService
         from peer.network.heartbeat import Heartbeat
 
         c, s = self.config, self.config.settings
+        network = self._private_network() if s.access == "private" else c.network
         folder = model_folder(s.model, s.revision)
         v0 = adapter_v0(folder, s)
-        self.swarm = self._join()
+        self.swarm = self._join(network)
         self._closers.add(self.swarm.shutdown)
-        self.blobs = BlobService(self.swarm.dht, BlobCache(c.cache_dir / "blobs"))
+        self.blobs = BlobService(self.swarm.dht, BlobCache(c.cache_dir / "blobs"), access=self.swarm.access)
         self._closers.add(self.blobs.close)
+        if self.book is not None:
+            from peer.network.access import AccessWatcher
+
+            self._publish_access()
+            self._access_watcher = AccessWatcher(self.swarm, interval=2.0).start()
+            self._closers.add(self._access_watcher.stop)
+            self._book_thread = threading.Thread(target=self._watch_book, name="invite-book", daemon=True)
+            self._book_thread.start()
         self.manifest = build_manifest(s, folder, self.blobs.cache.put_bytes(v0), str(self.swarm.peer_id))
         for f in self.manifest.model.files:
             self.blobs.cache.adopt(folder / f.path, sha256=f.sha256)
@@ -104,21 +117,67 @@ class Host:
         identity = self.config.network.identity_path
         return None if identity is None else Path(f"{identity}.{self.config.settings.run_id}.peers.json")
 
-    def _join(self):
+    def _private_network(self) -> NetworkConfig:
+        """A private run: the invite book beside ``--identity``, and this host's own invite for its DHT."""
+        from peer.network.access import issue_invite
+        from peer.network.swarm import load_signing_key
+
+        identity, run_id = self.config.network.identity_path, self.config.settings.run_id
+        if identity is None:
+            raise UserError(
+                "a private swarm needs --identity FILE: its invites are signed with the host's key, which must "
+                "survive a restart (or every invite given out would stop working)"
+            )
+        load_signing_key(identity)  # made on first use
+        self.book = InviteBook(identity, run_id)
+        self.invite = self.book.default_invite()
+        own = issue_invite(self.book.issuer, run_id, "coordinator")
+        return replace(self.config.network, invite=own.token)
+
+    def _publish_access(self) -> None:
+        from peer.network.access import sign_revocations
+        from peer.protocol import AccessRecord, access_key
+
+        revoked, now = self.book.revoked(), time.time()
+        record = AccessRecord(
+            issuer=self.swarm.access.issuer.hex(),
+            revoked=revoked,
+            created=now,
+            signature=sign_revocations(self.book.issuer, self.swarm.run_id, revoked, now).hex(),
+        )
+        key, subkey = access_key(self.swarm.run_id), owner_subkey(self.swarm.public_key)
+        if not self.swarm.store(key, subkey, to_dht_value(record), now + MANIFEST_TTL, "revocation list"):
+            logger.warning("no DHT node took the revocation list yet; retrying")
+            raise OSError("the revocation list was not stored")
+
+    def _watch_book(self) -> None:
+        """Re-read the invite book when ``hivegrpo invite`` changed it; publish what it revoked."""
+        seen = self.book.path.stat().st_mtime if self.book.path.exists() else 0.0
+        while not self._stop.wait(BOOK_POLL):
+            mtime = self.book.path.stat().st_mtime if self.book.path.exists() else 0.0
+            if mtime == seen:
+                continue
+            try:
+                self.book.data = self.book._load()
+                self._publish_access()
+                seen = mtime
+                logger.info("published the revocation list: %d invite(s) revoked", len(self.book.revoked()))
+            except Exception as e:  # a half-written book or the network: try again next round
+                logger.warning("could not publish the invite book's revocations: %s", e)
+
+    def _join(self, network: NetworkConfig):
         """Join from ``--initial-peers``; without them, from the peers this host (same ``--identity``) last saw —
         a restart rejoins the swarm that kept running without it — and alone when none of those answers."""
-        import dataclasses
-
         from peer.network.swarm import SwarmJoinError, join
 
-        network, run_id = self.config.network, self.config.settings.run_id
+        run_id = self.config.settings.run_id
         if network.initial_peers:
             return join(network, run_id)
         known = self._known_peers()
         if known:
             timeout = min(network.bootstrap_timeout, 15.0)
             try:
-                swarm = join(dataclasses.replace(network, initial_peers=known, bootstrap_timeout=timeout), run_id)
+                swarm = join(replace(network, initial_peers=known, bootstrap_timeout=timeout), run_id)
                 logger.info("rejoined the swarm through %d peer(s) seen before", len(known))
                 return swarm
             except SwarmJoinError:
@@ -165,6 +224,8 @@ class Host:
         if not stored:
             raise UserError("no DHT node accepted the run manifest; check --host-maddrs and the network")
         announce_adapter(self.swarm, self.blobs, 0, self._v0, "", ttl=MANIFEST_TTL)
+        if self.book is not None:
+            self._publish_access()
 
     def _refresh(self) -> None:
         while not self._stop.wait(self.config.refresh_interval):
@@ -187,14 +248,15 @@ class Host:
             "run_id": self.swarm.run_id,
             "initial_peers": self.swarm.visible_maddrs(),
             "coordinator": self.fingerprint,
-            "invite": None,
+            "invite": None if self.invite is None else self.invite.token,
             "web": None if self.web is None else self.web.url,
         }
 
     def join_command(self, role: str = "join") -> str:
         info = self.info()
         peers = " ".join(f"--initial-peers {m}" for m in info["initial_peers"])
-        return f"hivegrpo {role} {peers} --run-id {info['run_id']} --coordinator {info['coordinator']}"
+        invite = f" --invite {info['invite']}" if info["invite"] else ""
+        return f"hivegrpo {role} {peers} --run-id {info['run_id']} --coordinator {info['coordinator']}{invite}"
 
     def write_info(self, path: Path | str) -> None:
         path = Path(path)

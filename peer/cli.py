@@ -60,6 +60,12 @@ def _task_options(f):
 
 
 def _network_options(f):
+    f = click.option(
+        "--invite",
+        envvar="HIVEGRPO_INVITE",
+        default=None,
+        help="A private swarm's invite, as its host gave it (or set HIVEGRPO_INVITE).",
+    )(f)
     f = click.option("--no-relay", is_flag=True, help="Do not use libp2p relays (closed networks).")(f)
     f = click.option(
         "--client-mode", is_flag=True, help="Query the DHT without serving it (for peers nobody can reach)."
@@ -79,11 +85,11 @@ def _network_options(f):
     return f
 
 
-def _network_config(initial_peers, host_maddrs, announce_maddrs, identity, client_mode, no_relay):
+def _network_config(initial_peers, host_maddrs, announce_maddrs, identity, client_mode, no_relay, invite=None):
     from peer.network.swarm import NetworkConfig
 
     peers = tuple(m for value in initial_peers for m in value.split())
-    options = dict(initial_peers=peers, announce_maddrs=tuple(announce_maddrs), identity_path=identity)
+    options = dict(initial_peers=peers, announce_maddrs=tuple(announce_maddrs), identity_path=identity, invite=invite)
     if host_maddrs:
         options["host_maddrs"] = tuple(host_maddrs)
     return NetworkConfig(client_mode=client_mode, use_relay=not no_relay, use_auto_relay=not no_relay, **options)

@@ -53,7 +53,7 @@ def serve(config: dict) -> None:
                     cache.put_file(blob)
             dht = hivemind.DHT(**DHT_KW)
             dhts.append(dht)
-            authorize = (lambda peer_id: False) if spec.get("deny") else (lambda peer_id: True)
+            authorize = (lambda peer_id, invite: "denied") if spec.get("deny") else (lambda peer_id, invite: None)
             services.append(BlobService(dht, cache, transform=transforms[spec.get("transform")], authorize=authorize))
             out[name] = {"maddrs": [str(m) for m in dht.get_visible_maddrs()], "peer": dht.peer_id.to_base58()}
         # only now: the forked DHT processes must keep the default SIGTERM action
@@ -292,7 +292,7 @@ def test_concurrent_fetches_share_one_transfer(swarm, caplog):
     assert len([r for r in caplog.records if r.getMessage().startswith("fetched blob")]) == 1
 
 
-def test_authorize_sees_the_requesting_peer_and_a_full_server_says_busy(tmp_path):
+def test_authorize_sees_the_requesting_peer_and_its_invite_and_a_full_server_says_busy(tmp_path):
     """In one process: three P2P daemons; the server admits only one of the two clients, then only 0 streams."""
     from hivemind.p2p import P2P
 
@@ -311,16 +311,25 @@ def test_authorize_sees_the_requesting_peer_and_a_full_server_says_busy(tmp_path
             data = os.urandom(100_000)
             sha = store.put_bytes(data)
             asked = []
-            server = BlobServer(server_p2p, store, authorize=lambda pid: asked.append(pid) or pid == invited.peer_id)
+
+            def authorize(pid, invite):
+                asked.append((pid, invite))
+                return None if pid == invited.peer_id and invite == "welcome" else "no invite"
+
+            server = BlobServer(server_p2p, store, authorize=authorize)
             async with server:
-                path = await fetch_blob(invited, sha, len(data), [server_p2p.peer_id], BlobCache(tmp_path / "a"))
+                path = await fetch_blob(
+                    invited, sha, len(data), [server_p2p.peer_id], BlobCache(tmp_path / "a"), invite="welcome"
+                )
                 assert path.read_bytes() == data
-                with pytest.raises(BlobUnavailable, match="not authorized"):
+                with pytest.raises(BlobUnavailable, match=r"not authorized \(no invite\)"):
                     await fetch_blob(stranger, sha, len(data), [server_p2p.peer_id], BlobCache(tmp_path / "b"))
-                assert asked == [invited.peer_id, stranger.peer_id]
+                assert asked == [(invited.peer_id, "welcome"), (stranger.peer_id, None)]
                 server.max_streams = 0
                 with pytest.raises(BlobUnavailable, match="busy"):
-                    await fetch_blob(invited, sha, len(data), [server_p2p.peer_id], BlobCache(tmp_path / "c"))
+                    await fetch_blob(
+                        invited, sha, len(data), [server_p2p.peer_id], BlobCache(tmp_path / "c"), invite="welcome"
+                    )
             assert server.stats.served == 1 and server.stats.refused == 2
         finally:
             for p2p in [*clients, server_p2p]:

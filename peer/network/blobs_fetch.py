@@ -53,6 +53,7 @@ async def fetch_blob(
     timeout: float = DEFAULT_TIMEOUT,
     shuffle: bool = True,
     protocol: str = PROTOCOL,
+    invite: str | None = None,
 ) -> Path:
     """Return the cached path of blob ``sha256`` of ``size`` bytes, fetching it from ``providers`` if needed.
 
@@ -61,6 +62,7 @@ async def fetch_blob(
     :param timeout: seconds a provider may stay silent (opening the stream, answering, or between two chunks)
       before it is abandoned; a large blob from a live provider never times out.
     :param shuffle: try providers in random order (default) or in the order given.
+    :param invite: this peer's invite, in a private swarm (providers refuse requests without a valid one).
     :raises BlobUnavailable: no provider delivered the right bytes; the message lists what each one did.
     """
     check_sha256(sha256)
@@ -82,7 +84,8 @@ async def fetch_blob(
     for peer in order:
         try:
             with cache.incoming(sha256, size) as pending:
-                await _receive(p2p, peer, BlobRequest(sha256, 0, size), pending, progress, timeout, protocol, size)
+                request = BlobRequest(sha256, 0, size, invite)
+                await _receive(p2p, peer, request, pending, progress, timeout, protocol, size)
                 path = pending.commit()
         except ProviderFailed as e:
             reason = str(e)
@@ -120,6 +123,7 @@ async def read_blob_range(
     *,
     timeout: float = DEFAULT_TIMEOUT,
     protocol: str = PROTOCOL,
+    invite: str | None = None,
 ) -> bytes:
     """Read ``length`` bytes at ``offset`` of a blob from one provider, unverified (e.g. a file header).
 
@@ -127,7 +131,7 @@ async def read_blob_range(
     """
     check_sha256(sha256)
     sink = _Buffer()
-    await _receive(p2p, peer, BlobRequest(sha256, offset, length), sink, None, timeout, protocol)
+    await _receive(p2p, peer, BlobRequest(sha256, offset, length, invite), sink, None, timeout, protocol)
     return bytes(sink.data)
 
 

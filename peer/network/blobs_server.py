@@ -32,14 +32,15 @@ from peer.network.blobs_wire import (
 
 logger = get_logger(__name__)
 
-Authorize = Callable[[PeerID], bool]
+Authorize = Callable[[PeerID, "str | None"], "str | None"]
+"""``(remote peer id, the invite its request carries) -> None`` to serve it, or the reason it is refused."""
 ChunkTransform = Callable[[int, bytes], "bytes | None"]
 """Fault injection, for tests and benchmarks only: ``(offset, chunk) -> bytes to send instead``, or None to drop
 the stream right there without the end frame (a truncation, like a peer that died mid-transfer)."""
 
 
-def allow_all(peer_id: PeerID) -> bool:
-    return True
+def allow_all(peer_id: PeerID, invite: str | None) -> str | None:
+    return None
 
 
 def flip_bytes(offset: int, chunk: bytes) -> bytes:
@@ -70,8 +71,9 @@ class ServerStats:
 class BlobServer:
     """Answers blob requests on ``p2p`` from ``cache``; ``await start()`` registers the handler, ``stop()`` removes it.
 
-    :param authorize: called with the remote peer's id for every request; False refuses it (default: allow all).
-      A private swarm plugs its invite check in here: the DHT authorizer does not cover custom P2P handlers.
+    :param authorize: called with the remote peer's id and its request's invite for every request; a reason
+      refuses it (default: allow all). A private swarm plugs its invite check in here: the DHT authorizer does
+      not cover custom P2P handlers.
     :param transform: fault injection for tests and benchmarks only (see ``ChunkTransform``); logs a warning.
     :param max_streams: requests served at once; more are answered "busy" so clients try another provider.
     :param timeout: seconds a client may take to send its request, or leave our writes unread, before we drop it.
@@ -162,9 +164,10 @@ class BlobServer:
         except ProtocolError as e:
             await self._refuse(writer, f"bad request: {e}")
             return True
-        if not self.authorize(peer):
-            logger.info(f"refused blob {request.sha256[:12]}… to unauthorized peer {peer}")
-            await self._refuse(writer, "not authorized: this peer does not serve blobs to peers outside its swarm")
+        refused = self.authorize(peer, request.invite)
+        if refused is not None:
+            logger.info(f"refused blob {request.sha256[:12]}… to unauthorized peer {peer}: {refused}")
+            await self._refuse(writer, f"not authorized ({refused}): this peer serves blobs to its swarm's peers only")
             return True
         loop = asyncio.get_running_loop()
         if not await loop.run_in_executor(None, self.cache.has, request.sha256):

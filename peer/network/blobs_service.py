@@ -53,7 +53,9 @@ class BlobService:
     :param dht: a started ``hivemind.DHT``; the service must be closed before it is shut down
     :param cache: the blob store to serve from and fetch into
     :param serve: register the server (False: fetch only, e.g. a read-only status client)
-    :param authorize: per-request check of the remote peer id (see ``BlobServer``)
+    :param authorize: per-request check of the remote peer id and invite (see ``BlobServer``)
+    :param access: a private swarm's :class:`~peer.network.access.Access`: served requests must carry a valid
+      invite, and this peer's fetches carry its own (it replaces ``authorize``)
     :param transform: fault injection for tests and benchmarks only (see ``BlobServer``)
     :param start_timeout: seconds to wait for the replica and the handler registration
     """
@@ -68,8 +70,12 @@ class BlobService:
         transform: ChunkTransform | None = None,
         max_streams: int = 8,
         start_timeout: float = 30.0,
+        access=None,
     ):
         self.cache = cache
+        self.invite = None if access is None else access.invite.token
+        if access is not None:
+            authorize = lambda peer_id, invite: access.check(invite)  # noqa: E731
         self.server: BlobServer | None = None
         self.p2p: P2P | None = None
         self._inflight: dict[tuple[str, int], asyncio.Future] = {}
@@ -133,7 +139,16 @@ class BlobService:
         task = self._inflight.get(key)
         if task is None:
             task = asyncio.ensure_future(
-                fetch_blob(self.p2p, sha256, size, providers, self.cache, progress=progress, timeout=timeout)
+                fetch_blob(
+                    self.p2p,
+                    sha256,
+                    size,
+                    providers,
+                    self.cache,
+                    progress=progress,
+                    timeout=timeout,
+                    invite=self.invite,
+                )
             )
             self._inflight[key] = task
             task.add_done_callback(lambda _: self._inflight.pop(key, None))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import msgpack
 
+from peer.network.access import MAX_INVITE_CHARS
 from peer.network.blobs_cache import check_sha256
 
 PROTOCOL = "hivegrpo.blob.v1"
@@ -42,9 +43,10 @@ class BlobRequest:
     sha256: str
     offset: int = 0
     length: int | None = None
+    invite: str | None = None  # a private swarm's invite (see peer.network.access); None in a public one
 
     def to_wire(self) -> dict:
-        return {"sha256": self.sha256, "offset": self.offset, "length": self.length}
+        return {"sha256": self.sha256, "offset": self.offset, "length": self.length, "invite": self.invite}
 
     @classmethod
     def from_wire(cls, obj: dict) -> BlobRequest:
@@ -55,7 +57,10 @@ class BlobRequest:
         offset, length = obj.get("offset", 0), obj.get("length")
         if not _is_count(offset) or not (length is None or _is_count(length)):
             raise ProtocolError(f"offset and length must be non-negative integers, got {offset!r:.40}, {length!r:.40}")
-        return cls(sha256, offset, length)
+        invite = obj.get("invite")
+        if invite is not None and (not isinstance(invite, str) or len(invite) > MAX_INVITE_CHARS):
+            raise ProtocolError(f"an invite is a string of at most {MAX_INVITE_CHARS} characters")
+        return cls(sha256, offset, length, invite)
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ class NetworkConfig:
     client_mode: bool = field(default=False, metadata={"help": "query the DHT without serving it (unreachable peers)"})
     startup_timeout: float = field(default=60.0, metadata={"help": "seconds to wait for the libp2p daemon"})
     bootstrap_timeout: float = field(default=30.0, metadata={"help": "seconds to wait for the initial peers"})
+    invite: str | None = field(default=None, metadata={"help": "a private swarm's invite (from its host)"})
 
     def __post_init__(self):
         for name in ("initial_peers", "host_maddrs", "announce_maddrs"):
@@ -115,10 +116,11 @@ async def _store_file(path: str, all_replicas: bool, _dht, node) -> list[bool]:
 class Swarm:
     """This peer's membership of one run's swarm: its DHT, signing identity, and size-checked store/get."""
 
-    def __init__(self, dht, run_id: str, signing_key, config: NetworkConfig):
+    def __init__(self, dht, run_id: str, signing_key, config: NetworkConfig, access=None):
         from hivemind.dht.crypto import RSASignatureValidator
 
         self.dht = dht
+        self.access = access  # a private swarm's peer.network.access.Access; None in a public one
         self.run_id = run_id
         self.signing_key = signing_key
         self.config = config
@@ -191,6 +193,11 @@ def join(config: NetworkConfig, run_id: str) -> Swarm:
 
     check_run_id(run_id)
     signing_key = load_signing_key(config.identity_path)
+    access = None
+    if config.invite:
+        from peer.network.access import Access, parse_invite
+
+        access = Access(parse_invite(config.invite), run_id)  # InviteError (a UserError) before any networking
     kwargs = dict(
         host_maddrs=list(config.host_maddrs),
         use_relay=config.use_relay,
@@ -201,6 +208,8 @@ def join(config: NetworkConfig, run_id: str) -> Swarm:
     )
     if config.announce_maddrs:
         kwargs["announce_maddrs"] = list(config.announce_maddrs)
+    if access is not None:
+        kwargs["authorizer"] = access.authorizer(signing_key)
     if config.identity_path:
         Path(config.identity_path).parent.mkdir(parents=True, exist_ok=True)
         kwargs["identity_path"] = config.identity_path
@@ -214,7 +223,7 @@ def join(config: NetworkConfig, run_id: str) -> Swarm:
         )
     except Exception as e:
         raise SwarmJoinError(_join_failure(config, e)) from e
-    swarm = Swarm(dht, run_id, signing_key, config)
+    swarm = Swarm(dht, run_id, signing_key, config, access)
     logger.info(
         "joined run %s as %s in %.1fs; others can join with --initial-peers %s",
         run_id,
@@ -231,9 +240,18 @@ def _join_failure(config: NetworkConfig, error: Exception) -> str:
             f"could not start the local DHT ({type(error).__name__}: {error}); check that --host-maddrs "
             f"{' '.join(config.host_maddrs)} can be bound and that nothing else holds the identity file"
         )
+    if config.invite:
+        private = (
+            "; the swarm is private and its peers answer only valid invites: if they are reachable, this invite "
+            "may have been revoked (ask the host for a new one)"
+        )
+    else:
+        private = (
+            "; if the swarm is private, its peers answer nobody without an invite: pass --invite TOKEN from its host"
+        )
     return (
         f"could not join the swarm through any of {', '.join(config.initial_peers)} "
         f"({type(error).__name__}: {error}); check that these multiaddrs are current (the host prints them at start), "
         "that the host is running, and that this machine can reach its address and port (a firewall, or a home "
-        "router without port forwarding on the host's side)"
+        f"router without port forwarding on the host's side){private}"
     )

@@ -23,6 +23,7 @@ and reading one back: ``from_dht_value(BucketEntry, item.value)`` for each subke
 
 from peer.protocol.errors import KeyFormatError, ProtocolVersionError, RecordError, RecordTooLarge
 from peer.protocol.keys import (
+    access_key,
     adapter_key,
     bucket_key,
     bucket_slot,
@@ -52,6 +53,7 @@ from peer.protocol.limits import (
     check_value_size,
 )
 from peer.protocol.records import (
+    AccessRecord,
     AdapterRecord,
     BlobPointer,
     BucketEntry,
@@ -92,6 +94,7 @@ __all__ = [
     "MAX_PROVIDERS",
     "MAX_RUN_ID_LEN",
     "PROTOCOL_VERSION",
+    "AccessRecord",
     "AdapterRecord",
     "BlobPointer",
     "BucketEntry",
@@ -109,6 +112,7 @@ __all__ = [
     "RecordError",
     "RecordTooLarge",
     "TaskSpec",
+    "access_key",
     "adapter_key",
     "bucket_key",
     "bucket_slot",

@@ -11,6 +11,7 @@ key                    subkey                                      value
 ``R_peers``            :func:`owner_subkey` of each peer           ``PeerRecord`` (heartbeat)
 ``R_adapter``          :func:`owner_subkey` of each learner        ``AdapterRecord``
 ``R_metrics``          :func:`owner_subkey` of each learner        ``MetricsRecord``
+``R_access``           :func:`owner_subkey` of the coordinator     ``AccessRecord`` (private runs)
 ``R_bucket_<slot>``    :func:`group_subkey` (owner, version, seq)  ``BucketEntry``
 =====================  ==========================================  ============================
 
@@ -48,6 +49,7 @@ MANIFEST_FIELD = "manifest"
 PEERS_FIELD = "peers"
 ADAPTER_FIELD = "adapter"
 METRICS_FIELD = "metrics"
+ACCESS_FIELD = "access"
 BUCKET_FIELD_PREFIX = "bucket_"
 
 OWNER_PREFIX = b"[owner:"
@@ -85,7 +87,7 @@ def bucket_field(slot: int) -> str:
 
 def schema_fields() -> tuple[str, ...]:
     """Every field name of the run schema, in key-table order; key ``R_<field>`` exists for each."""
-    return (MANIFEST_FIELD, PEERS_FIELD, ADAPTER_FIELD, METRICS_FIELD) + tuple(
+    return (MANIFEST_FIELD, PEERS_FIELD, ADAPTER_FIELD, METRICS_FIELD, ACCESS_FIELD) + tuple(
         bucket_field(slot) for slot in range(BUCKET_RING)
     )
 
@@ -113,6 +115,11 @@ def adapter_key(run_id: str) -> str:
 def metrics_key(run_id: str) -> str:
     """Key of the learners' summaries for status, one owner subkey per learner."""
     return field_key(run_id, METRICS_FIELD)
+
+
+def access_key(run_id: str) -> str:
+    """Key of a private run's revocation list, under the coordinator's owner subkey."""
+    return field_key(run_id, ACCESS_FIELD)
 
 
 def bucket_slot(version: int) -> int:

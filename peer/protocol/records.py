@@ -52,6 +52,7 @@ from peer.protocol.limits import (
     MAX_PROMPT_TOKENS,
     MAX_PROVIDERS,
     MAX_REASONS,
+    MAX_REVOKED,
     MAX_STATS,
     MAX_TALLIED,
     RUN_ID_PATTERN,
@@ -60,6 +61,7 @@ from peer.protocol.serialization import from_dht_value, pack, to_dht_value, unpa
 from peer.protocol.version import PROTOCOL_VERSION, check_protocol_version
 
 __all__ = [
+    "AccessRecord",
     "AdapterRecord",
     "BlobPointer",
     "BucketEntry",
@@ -464,6 +466,18 @@ class BucketEntry(_Record):
     def of_pointer(cls, pointer: BlobPointer, version: int, seq: int, count: int = 1) -> "BucketEntry":
         """The entry pointing to the blob of the ``count`` groups from ``version.seq`` (a packed GroupBatch)."""
         return cls(version=version, seq=seq, count=count, inline=None, pointer=pointer)
+
+
+# ---------------------------------------------------------------------------------------------------- access
+
+
+class AccessRecord(_Record):
+    """A private run's revoked invites, signed by the run's invite issuer (see :mod:`peer.network.access`)."""
+
+    issuer: pydantic.constr(strict=True, regex=r"[0-9a-f]{64}\Z")  # the issuer's Ed25519 public key, hex
+    revoked: pydantic.conlist(pydantic.constr(strict=True, regex=r"[0-9a-f]{16}\Z"), max_items=MAX_REVOKED)
+    created: Timestamp
+    signature: pydantic.constr(strict=True, regex=r"[0-9a-f]{128}\Z")  # Ed25519 over the revocation payload
 
 
 # ---------------------------------------------------------------------------------------------------- metrics

@@ -37,6 +37,7 @@ from hivemind.dht.validation import RecordValidatorBase
 from hivemind.utils.crypto import RSAPrivateKey
 
 from peer.protocol.keys import (
+    ACCESS_FIELD,
     ADAPTER_FIELD,
     BUCKET_FIELD_PREFIX,
     MANIFEST_FIELD,
@@ -48,7 +49,7 @@ from peer.protocol.keys import (
     parse_owner_subkey,
 )
 from peer.protocol.limits import BUCKET_RING
-from peer.protocol.records import AdapterRecord, BucketEntry, ManifestRecord, MetricsRecord, PeerRecord
+from peer.protocol.records import AccessRecord, AdapterRecord, BucketEntry, ManifestRecord, MetricsRecord, PeerRecord
 
 __all__ = ["GroupSubkey", "OwnerSubkey", "RunSchema", "make_validators"]
 
@@ -117,6 +118,7 @@ RunSchema = pydantic.create_model(
         PEERS_FIELD: (dict[OwnerSubkey, PeerRecord] | None, None),
         ADAPTER_FIELD: (dict[OwnerSubkey, AdapterRecord] | None, None),
         METRICS_FIELD: (dict[OwnerSubkey, MetricsRecord] | None, None),
+        ACCESS_FIELD: (dict[OwnerSubkey, AccessRecord] | None, None),
         **{name: (dict[GroupSubkey, BucketEntry] | None, None) for name in _BUCKET_FIELDS},
     },
 )

@@ -333,6 +333,7 @@ class LearnerPeer:
 
         c = self.config
         self.session = s = open_session(c.session_config(), "learner", self._closers)
+        self.session.on_revoked.append(self.request_stop)
         spec = s.spec
         self.intake = Intake(
             spec, s.tokenizer, batch=spec.groups_per_version, share_cap=c.share_cap, check_rate=c.check_rate
@@ -694,7 +695,10 @@ def run_learner(config: LearnerConfig, on_ready=None) -> dict:
         peer.start()
         if on_ready is not None:
             on_ready(peer)
-        return peer.run()
+        result = None if peer.session.revoked else peer.run()
+        if peer.session.revoked:  # the host revoked this peer's invite: the swarm refuses it from now on
+            raise UserError(peer.session.revoked)
+        return result
     finally:
         peer.close()
 

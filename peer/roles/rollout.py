@@ -316,6 +316,7 @@ class RolloutPeer:
 
         c = self.config
         self.session = session = open_session(c.session_config(), "rollout", self._closers)
+        self.session.on_revoked.append(self.request_stop)
         self.swarm, self.blobs, self.heartbeat = session.swarm, session.blobs, session.heartbeat
         self.spec = session.spec
         self.model, self.tokenizer, self.device = session.model, session.tokenizer, session.device
@@ -509,7 +510,10 @@ def run_rollout(config: RolloutConfig, on_ready=None) -> dict:
         peer.start()
         if on_ready is not None:
             on_ready(peer)
-        return peer.run()
+        result = None if peer.session.revoked else peer.run()
+        if peer.session.revoked:  # the host revoked this peer's invite: the swarm refuses it from now on
+            raise UserError(peer.session.revoked)
+        return result
     finally:
         peer.close()
 

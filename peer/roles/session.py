@@ -60,7 +60,14 @@ class Session:
     version: int = -1
     sha: str = ""
     blob: bytes = b""  # the held adapter's bytes (hash == sha)
+    revoked: str | None = None  # why this peer must stop: the host revoked its invite (private swarms)
+    on_revoked: list = field(default_factory=list)  # what to call then (the role's request_stop)
     swap_seconds: list[float] = field(default_factory=list)
+
+    def revoke(self, message: str) -> None:
+        self.revoked = message
+        for stop in self.on_revoked:
+            stop()
 
     def providers(self):
         """Peers to ask for blobs: the live peers of the run, coordinator first (it seeds the model)."""
@@ -106,10 +113,16 @@ def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
     c = config
     swarm = join(c.network, c.run_id)
     closers.add(swarm.shutdown)
-    blobs = BlobService(swarm.dht, BlobCache(c.cache_dir / "blobs"))
+    blobs = BlobService(swarm.dht, BlobCache(c.cache_dir / "blobs"), access=swarm.access)
     closers.add(blobs.close)
     heartbeat = Heartbeat(swarm, role, interval=c.heartbeat_interval).start()
     closers.add(lambda: heartbeat.stop(leaving=True))
+    revoked: list[str] = []
+    if swarm.access is not None:
+        from peer.network.access import AccessWatcher
+
+        watcher = AccessWatcher(swarm, on_revoked=revoked.append).start()
+        closers.add(watcher.stop)
 
     manifest, coordinator_key = read_manifest(swarm, c.coordinator)
     spec = run_spec(manifest, coordinator_key)
@@ -123,6 +136,10 @@ def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
         key_fingerprint(coordinator_key),
     )
     session = Session(swarm, blobs, heartbeat, spec, None, None, None)
+    if swarm.access is not None:
+        watcher.on_revoked = session.revoke
+        if revoked:
+            session.revoke(revoked[0])
     folder = resolve_base(manifest.model, blobs.cache, c.cache_dir / "models", fetch_from(blobs, session.providers))
     quantization = c.quantization or manifest.model.quantization
     if quantization != manifest.model.quantization:
