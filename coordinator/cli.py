@@ -40,6 +40,14 @@ from peer.cli import _network_config, _network_options, _stop_on_signals, _task_
 @click.option(
     "--web-host", default="127.0.0.1", show_default=True, help="Address of the status page (0.0.0.0: every interface)."
 )
+@click.option(
+    "--eval-every",
+    type=click.FloatRange(min=0),
+    default=0,
+    show_default=True,
+    help="Measure the newest adapter's held-out exact match every this many seconds, for the page (0: never).",
+)
+@click.option("--eval-n", type=click.IntRange(1), default=200, show_default=True, help="Examples per measurement.")
 def host_cmd(
     run_id,
     model,
@@ -56,6 +64,8 @@ def host_cmd(
     private,
     web_port,
     web_host,
+    eval_every,
+    eval_n,
     **network,
 ):
     """Host a swarm: publish the run, seed the base model and adapter v0, print the line others paste."""
@@ -85,6 +95,8 @@ def host_cmd(
         cache_dir=Path(cache_dir).expanduser(),
         web_port=web_port,
         web_host=web_host,
+        eval_every=eval_every,
+        eval_n=eval_n,
     )
     host = Host(config)
     try:

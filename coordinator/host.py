@@ -43,6 +43,8 @@ class HostConfig:
     status_interval: float = 5.0  # how often the host reads the swarm's status (web page, known peers)
     web_port: int | None = None  # serve the status page here (0: any free port); None: no page
     web_host: str = "127.0.0.1"
+    eval_every: float = 0.0  # measure the newest adapter's held-out exact match this often (0: never)
+    eval_n: int = 200  # held-out examples per measurement
 
 
 def adapter_v0(folder: Path, settings: RunSettings) -> bytes:
@@ -108,6 +110,13 @@ class Host:
         if c.web_port is not None:
             self.web = WebServer(self.history, c.web_host, c.web_port).start()
             self._closers.add(self.web.close)
+        if c.eval_every > 0:
+            from coordinator.evaluator import HostEvaluator
+
+            evaluator = HostEvaluator(
+                self.swarm, self.blobs, folder, s, every=c.eval_every, n=c.eval_n, on_result=self.history.record_eval
+            )
+            self._closers.add(evaluator.start().stop)
         logger.info("hosting run %s; others join with:\n  %s", s.run_id, self.join_command())
         return self
 

@@ -7,7 +7,8 @@
 ``/``                 the page: peers table, reward (and exact match, when the host evaluates) against
                       time, adapter version against time, groups/s per rollout peer; it polls the API
 ``/api/status``       the newest status, as ``hivegrpo status --json`` prints it
-``/api/history``      ``{"points": [...]}``, oldest first (time, version, reward, staleness, rates per peer)
+``/api/history``      ``{"points": [...], "evaluations": [...]}``, oldest first: status points (time, version,
+                      reward, staleness, rates per peer) and the host's exact-match measurements
 ``/metrics``          Prometheus text format (gauges and counters of the newest status)
 ====================  ==================================================================================
 
@@ -41,7 +42,7 @@ class StatusHistory:
         self.interval = interval
         self.points: deque[dict] = deque(maxlen=points)
         self.latest: dict | None = None
-        self.extra: dict[str, Any] = {}  # what the host adds to each point (its own exact-match evaluations)
+        self.evaluations: deque[dict] = deque(maxlen=points)  # the host's exact-match measurements, if it makes any
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="status-history", daemon=True)
@@ -52,7 +53,7 @@ class StatusHistory:
 
     def poll(self) -> dict:
         status = self.read()
-        point = point_of(status) | self.extra
+        point = point_of(status)
         with self._lock:
             self.latest = status
             self.points.append(point)
@@ -65,6 +66,16 @@ class StatusHistory:
             except Exception as e:  # the network boundary: the page shows the last good reading meanwhile
                 logger.warning("could not read the swarm's status: %s", e)
             self._stop.wait(self.interval)
+
+    def record_eval(self, version: int, exact_match: float) -> None:
+        with self._lock:
+            self.evaluations.append({"time": time.time(), "adapter_version": version, "exact_match": exact_match})
+
+    @property
+    def exact_match(self) -> dict | None:
+        """The newest evaluation (``time``, ``adapter_version``, ``exact_match``), or None."""
+        with self._lock:
+            return self.evaluations[-1] if self.evaluations else None
 
     def history(self) -> list[dict]:
         with self._lock:
@@ -204,13 +215,14 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/", "/index.html"):
             self._send(200, page(), "text/html; charset=utf-8")
         elif path == "/api/history":
-            self._json({"points": history.history(), "now": time.time()})
+            self._json({"points": history.history(), "evaluations": list(history.evaluations), "now": time.time()})
         elif path in ("/api/status", "/metrics") and latest is None:
             self._json({"error": "no status read yet; try again in a few seconds"}, 503)
         elif path == "/api/status":
-            self._json(latest | {"exact_match": history.extra.get("exact_match")})
+            self._json(latest | {"exact_match": history.exact_match})
         elif path == "/metrics":
-            text = prometheus(latest, history.extra.get("exact_match"))
+            em = history.exact_match
+            text = prometheus(latest, None if em is None else em["exact_match"])
             self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
         else:
             self._json({"error": f"no page {path}; try /, /api/status, /api/history or /metrics"}, 404)

@@ -84,6 +84,7 @@ def render_page(url: str, tmp_path: Path) -> None:
     Lines().feed(dom)
     assert lines.get("reward-chart/reward mean", 0) >= 2, f"the reward chart has no line: {lines}"
     assert lines.get("version-chart/adapter version", 0) >= 2, lines
+    assert lines.get("reward-chart/exact match (host's evaluation)", 0) >= 2, lines
     assert "rollout" in dom and "learner" in dom, "the peers table lists the swarm"
 
     artifacts = Path(os.environ.get("HIVEGRPO_TEST_ARTIFACTS", tmp_path))
@@ -107,7 +108,8 @@ def render_page(url: str, tmp_path: Path) -> None:
 @pytest.mark.timeout(420)
 def test_status_web_page_and_a_swarm_that_outlives_its_coordinator(tmp_path, procs):
     identity = tmp_path / "host.id"
-    args = ("--identity", str(identity), "--web-port", "0", "--groups-per-version", "4")
+    args = ("--identity", str(identity), "--web-port", "0", "--groups-per-version", "4", "--eval-every", "4")
+    args += ("--eval-n", "40")
     host, info = start_host(procs, tmp_path, "coord1", *args, new_session=True)
     host_id = info["initial_peers"][0].rsplit("/p2p/", 1)[1]
     rollout = procs.start("rollout", "join", *join_args(info), "--cache-dir", str(tmp_path / "r"), "--batch-size", "4")
@@ -140,7 +142,15 @@ def test_status_web_page_and_a_swarm_that_outlives_its_coordinator(tmp_path, pro
 
     # the web page: JSON API, Prometheus, and the page itself rendered in a browser
     web = info["web"]
-    wait_until(lambda: len(json.loads(get(web + "api/history"))["points"]) >= 3, "three status points", 60, running)
+
+    def plotted():
+        h = json.loads(get(web + "api/history"))
+        return h if len(h["points"]) >= 3 and len({e["adapter_version"] for e in h["evaluations"]}) >= 2 else None
+
+    history = wait_until(plotted, "three status points and two versions measured", 120, running)
+    measured = [e["adapter_version"] for e in history["evaluations"]]
+    assert measured[0] == 0 and measured == sorted(measured), "v0 first, then ever newer versions"
+    assert all(0 <= e["exact_match"] <= 1 for e in history["evaluations"])
     api = json.loads(get(web + "api/status"))
     assert api["run_id"] == "coord1" and api["adapter_version"] >= first["adapter_version"]
     metrics = get(web + "metrics").decode()

@@ -231,6 +231,11 @@ def test_history_points_and_the_server_routes():
         assert code == 200 and kind.startswith("text/html") and b'id="reward-chart"' in body
         status = json.loads(get("/api/status")[2])
         assert status["adapter_version"] == 8 and status["exact_match"] is None
+        assert b"hivegrpo_exact_match" not in get("/metrics")[2], "no measurement: no sample"
+        history.record_eval(8, 0.625)
+        assert json.loads(get("/api/status")[2])["exact_match"]["exact_match"] == 0.625
+        assert json.loads(get("/api/history")[2])["evaluations"][0]["adapter_version"] == 8
+        assert b'hivegrpo_exact_match{run="run-s"} 0.625' in get("/metrics")[2]
         points = json.loads(get("/api/history")[2])["points"]
         assert [p["adapter_version"] for p in points] == [7, 8]
         assert points[0] == point_of(swarm_status()) and points[0]["rates"] == {"QmR1": 2.0}
