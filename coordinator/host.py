@@ -88,7 +88,6 @@ class Host:
         if self.book is not None:
             from peer.network.access import AccessWatcher
 
-            self._publish_access()
             self._access_watcher = AccessWatcher(self.swarm, interval=2.0).start()
             self._closers.add(self._access_watcher.stop)
             self._book_thread = threading.Thread(target=self._watch_book, name="invite-book", daemon=True)

@@ -11,7 +11,6 @@ PID = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 
 def group(version: int, seq: int) -> GroupRecord:
     return GroupRecord(
-        protocol_version=1,
         version=version,
         adapter_sha256=hashlib.sha256(b"%d" % version).hexdigest(),
         producer=PID,

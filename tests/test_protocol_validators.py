@@ -31,6 +31,7 @@ from peer.protocol.records import (
     to_dht_value,
 )
 from peer.protocol.validators import GroupSubkey, OwnerSubkey, RunSchema, make_validators
+from peer.protocol.version import PROTOCOL_VERSION
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -201,7 +202,7 @@ def test_bad_records_are_refused(case):
         "other run": lambda: record(keys.peers_key("run-w"), own, beat),
         "extra field": lambda: record(keys.peers_key(RUN), own, {**beat, "admin": True}),
         "int for float": lambda: record(keys.peers_key(RUN), own, {**beat, "throughput": 1}),
-        "newer protocol": lambda: record(keys.peers_key(RUN), own, {**beat, "protocol_version": 2}),
+        "newer protocol": lambda: record(keys.peers_key(RUN), own, {**beat, "protocol_version": PROTOCOL_VERSION + 1}),
     }[case]()
     assert not validator.validate(signed(validator, rec))
 

@@ -29,7 +29,6 @@ def _group(peer_id: str, seq: int):
     from peer.protocol import Completion, GroupRecord, encode_tokens
 
     return GroupRecord(
-        protocol_version=1,
         version=0,
         adapter_sha256=hashlib.sha256(b"v0").hexdigest(),
         producer=peer_id,

@@ -15,7 +15,7 @@ from typing import Any
 
 from peer.protocol.errors import ProtocolVersionError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the access key and record, per-producer tallies and rewards in metrics, invites in blobs
 
 
 def check_protocol_version(version: Any, what: str) -> None:

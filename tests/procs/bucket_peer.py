@@ -25,7 +25,6 @@ def make_group(peer_id: str, version: int, seq: int, completion_tokens: int = 5)
     from peer.protocol import Completion, GroupRecord, encode_tokens
 
     return GroupRecord(
-        protocol_version=1,
         version=version,
         adapter_sha256=hashlib.sha256(b"adapter %d" % version).hexdigest(),
         producer=peer_id,
