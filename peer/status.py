@@ -137,6 +137,7 @@ def summarize(
                 "adapter_version": r.adapter_version,
                 "throughput": r.throughput,
                 "groups_per_s": groups_per_s,
+                "team": _team_role(r),
                 "accepted": accepted,
                 "rejected": rejected,
                 "banned": fp in banned,
@@ -199,6 +200,13 @@ def sparkline(values: list[float], low: float = 0.0, high: float = 1.0) -> str:
     return "".join(SPARKS[min(len(SPARKS) - 1, max(0, int((v - low) / span * len(SPARKS))))] for v in values)
 
 
+def _team_role(r) -> str | None:
+    """A learner's part in its team (peer.roles.team): ``leads`` or ``helps``; None for other roles."""
+    if r.role != "learner" or "leading" not in r.stats:
+        return None
+    return "leads" if r.stats["leading"] else "helps"
+
+
 def _ago(seconds: float) -> str:
     return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
 
@@ -242,7 +250,7 @@ def render(status: dict[str, Any]):
         produces = p["role"] == "rollout"
         peers.add_row(
             "…" + p["peer_id"][-8:],
-            p["role"],
+            p["role"] + (f" ({p['team']})" if p.get("team") else ""),
             Text(state, style="red" if p["banned"] else ("dim" if state not in LIVE else "")),
             str(p["adapter_version"]),
             rate,

@@ -131,13 +131,14 @@ def test_stale_unknown_and_unreadable_entries_are_not_banned(setup):
     assert it.rejected == {"unknown_version": 1, "schema": 1}
 
 
-def test_a_wrong_adapter_hash_or_someone_elses_prompt_bans(setup):
+def test_someone_elses_prompt_bans_and_another_lineages_version_is_only_refused(setup):
     it = intake(setup)
     g = setup.groups[A][0]
-    assert it.add(entry(A, changed(g, adapter_sha256=SHA1)), 0).reason == "version"
+    assert it.add(entry(A, changed(g, adapter_sha256=SHA1)), 0).reason == "lineage"  # a fork's v0: not a lie
+    assert A not in it.banned
     it2 = intake(setup)
     assert it2.add(entry(B, setup.groups[A][1]), 0).reason == "prompt"  # A's group re-signed by B
-    assert A in it.banned and B in it2.banned
+    assert B in it2.banned
 
 
 def test_groups_go_stale_in_the_pool(setup):
@@ -289,7 +290,7 @@ def test_checkpoints_round_trip_and_refuse_a_corrupt_one(tmp_path):
 
 def test_the_fetcher_reads_every_group_published_into_its_window_once(setup):
     from peer.network.buckets import MemoryBucketStore
-    from peer.roles.learner import _Fetcher
+    from peer.roles.learner_io import Fetcher as _Fetcher
 
     store = MemoryBucketStore(A)
     fetcher = _Fetcher(store, window=4, interval=0.01)  # polled by hand here, not on its thread

@@ -11,7 +11,9 @@ with an in-memory bucket store. For each entry, in order:
 4. a group more than ``tau_max`` versions behind is dropped as stale;
 5. :func:`~peer.roles.verify.check_group` (shape, vocabulary, adapter version + sha256, the prompt re-derived from
    the signer's seed and seq, every reward recomputed): a refusal bans the signer — except an adapter version this
-   learner does not know, which is refused as ``unknown_version`` and forgiven (it may come from before a restart);
+   learner does not know, refused as ``unknown_version`` (it may come from before a restart), and a version whose
+   sha256 is not this lineage's, refused as ``lineage`` (made under a version of a learner that lost the lead):
+   both forgiven;
 6. a sample (``check_rate``, drawn from this learner's private randomness, so a producer cannot predict it) waits
    for the caller to recompute its behaviour log-probs (:meth:`Intake.pending_checks` / :meth:`Intake.checked`);
    the rest are admitted to the pool.
@@ -39,7 +41,7 @@ from peer.protocol import GroupRecord, key_fingerprint
 from peer.roles.run import RunSpec
 from peer.roles.verify import Refused, check_group
 
-FORGIVEN = ("schema", "duplicate", "unknown_version", "surplus")
+FORGIVEN = ("schema", "duplicate", "unknown_version", "lineage", "surplus")
 """Refusal reasons that do not ban the signer."""
 
 

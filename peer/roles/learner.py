@@ -20,10 +20,10 @@ One learner per run for now: several learners would each make their own lineage 
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import queue
-import shutil
+import random
 import threading
 import time
 from collections import Counter
@@ -33,23 +33,47 @@ from pathlib import Path
 import torch
 
 from peer.errors import UserError
-from peer.grpo import clipped_policy_loss, completion_logprobs, group_advantages, staleness_weight
 from peer.log import get_logger
-from peer.model.adapter import adapter_to_bytes, lora_parameters, sha256_hex
+from peer.model.adapter import adapter_to_bytes, load_adapter_bytes, lora_parameters, sha256_hex
 from peer.network.swarm import NetworkConfig
-from peer.protocol import MetricsRecord, PeerTally, key_fingerprint, metrics_key, owner_subkey, to_dht_value
+from peer.protocol import (
+    GroupRecord,
+    MetricsRecord,
+    PeerTally,
+    key_fingerprint,
+    pack,
+    unpack,
+)
 from peer.protocol.limits import MAX_HISTORY, MAX_TALLIED
-from peer.roles.adapters import announce_adapter
+from peer.roles import team
+from peer.roles.adapters import announcements
+from peer.roles.checkpoint import read_checkpoint, write_checkpoint
 from peer.roles.closers import Closers
 from peer.roles.intake import Accepted, Intake
+from peer.roles.learner_io import Announcer, Fetcher
 from peer.roles.session import Session, SessionConfig, default_cache_dir, open_session
-from peer.roles.verify import Refused, check_logprobs_many, pack_rows
+from peer.roles.update import (
+    Share,
+    apply_gradient,
+    batch_tensors,
+    combine,
+    learn_step,
+    share_gradient,
+    tensors_from_bytes,
+    tensors_to_bytes,
+)
+from peer.roles.verify import Refused, check_logprobs_many
 
 logger = get_logger(__name__)
 
-REANNOUNCE_EVERY = 120.0  # s; the announcement lives ANNOUNCEMENT_TTL (600 s): an idle learner stays findable
 SPOT_CHECK_BATCH = 4  # log-prob checks wait until this many are due (or the update needs them)
 KEEP_ADAPTERS = 2  # versions beyond the staleness window whose blobs stay in the cache (for slow followers)
+RIVAL_CHECK_EVERY = 5.0  # s between a leader's looks for another learner leading a lineage of its own
+TAKEOVER_WAIT = 10.0  # s a helper waits for the next member to notice that the leader is gone
+HELPER_MIN_WAIT = 1.0  # s the leader waits at least for its helpers' gradients ...
+HELPER_WAIT_FACTOR = 3.0  # ... or this many times its own share's time; a late share is computed by the leader
+HELPER_PROBATION = 2  # a helper's first results are all recomputed by the leader (then: check_rate of them)
+GRADIENT_TOLERANCE = 1e-3  # largest difference of a helper's gradient from the leader's, relative to its size
 
 
 @dataclass(frozen=True)
@@ -94,219 +118,9 @@ class LearnerConfig:
         )
 
 
-@dataclass
-class Batch:
-    """The tensors of one update, rows prompt-major (row = group * G + completion)."""
-
-    prompt_ids: torch.Tensor  # [B, P] left-padded
-    prompt_mask: torch.Tensor  # [B, P]
-    completion_ids: torch.Tensor  # [B, C] right-padded
-    completion_mask: torch.Tensor  # [B, C] bool
-    behaviour: torch.Tensor  # [B, C] float32
-    advantages: torch.Tensor  # [B]
-    weights: torch.Tensor  # [B] staleness weights
-    rewards: torch.Tensor  # [groups, G]
-
-
-def batch_tensors(accepted: list[Accepted], version: int, spec, pad_id: int, device) -> Batch:
-    """Pack verified groups (and their staleness against ``version``) into the loss's layout."""
-    behaviour, weights, rewards = [], [], []
-    for a in accepted:
-        g = a.group
-        w = staleness_weight(version - g.version, spec.staleness)
-        rewards.append(list(g.rewards))
-        for c in g.completions:
-            behaviour.append(c.behaviour_logprobs())
-            weights.append(w)
-    prompt_ids, prompt_mask, completion_ids, completion_mask = pack_rows([a.group for a in accepted], pad_id, device)
-    C = completion_ids.shape[1]
-    behaviour_t = torch.tensor([b + [0.0] * (C - len(b)) for b in behaviour], dtype=torch.float32)
-    rewards_t = torch.tensor(rewards, dtype=torch.float32)
-    advantages = group_advantages(rewards_t, spec.loss.adv_eps).flatten()
-    return Batch(
-        prompt_ids,
-        prompt_mask,
-        completion_ids,
-        completion_mask,
-        behaviour_t.to(device),
-        advantages.to(device),
-        torch.tensor(weights, dtype=torch.float32, device=device),
-        rewards_t,
-    )
-
-
-def learn_step(model, batch: Batch, spec, optimizer, max_grad_norm: float) -> dict | None:
-    """One clipped-loss AdamW step over the rows that carry signal; None when no row does (nothing to learn)."""
-    rows = batch.advantages.ne(0).nonzero().flatten()
-    if rows.numel() == 0:
-        return None
-    model.train()
-    logprobs = completion_logprobs(
-        model, batch.prompt_ids[rows], batch.prompt_mask[rows], batch.completion_ids[rows], spec.sampling.temperature
-    )
-    ref = None
-    if spec.loss.kl_beta > 0:
-        with torch.no_grad(), model.disable_adapter():
-            ref = completion_logprobs(
-                model,
-                batch.prompt_ids[rows],
-                batch.prompt_mask[rows],
-                batch.completion_ids[rows],
-                spec.sampling.temperature,
-            )
-    loss, stats = clipped_policy_loss(
-        logprobs,
-        batch.behaviour[rows],
-        batch.advantages[rows],
-        batch.completion_mask[rows],
-        batch.weights[rows],
-        spec.loss,
-        ref,
-    )
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(lora_parameters(model), max_grad_norm)
-    optimizer.step()
-    model.eval()
-    return {
-        "loss": stats.loss,
-        "clip_fraction": stats.clip_fraction,
-        "ratio_mean": stats.ratio_mean,
-        "ratio_max": stats.ratio_max,
-        "grad_norm": float(grad_norm),
-        "rows": int(rows.numel()),
-    }
-
-
-class _Fetcher:
-    """Reads the buckets of the staleness window on a thread; hands each new entry over exactly once.
-
-    Every poll reads the newest two versions' buckets (where rollout peers publish); the whole window every
-    ``FULL_EVERY`` polls (the late groups of slow peers); and a version's bucket once more as it leaves the window,
-    so nothing published into the window goes unread — a late replay is still caught, though its group is too old
-    to use. (Reading the whole window every poll made the learner's DHT process the busiest process of the demo:
-    every read fetches and validates every entry of every bucket again.)
-    """
-
-    FULL_EVERY = 8
-
-    def __init__(self, store, window: int, interval: float):
-        self.store = store
-        self.window = window
-        self.interval = interval
-        self.version = 0
-        self.queue: queue.Queue = queue.Queue()
-        self.errors = 0
-        self._seen: set = set()
-        self._polls, self._last = 0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bucket-fetcher", daemon=True)
-
-    def start(self) -> _Fetcher:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.poll()
-            self._stop.wait(self.interval)
-
-    def poll(self) -> None:
-        """One read: the newest versions, the whole window every ``FULL_EVERY``-th time, the versions leaving."""
-        version = self.version
-        depth = self.window if self._polls % self.FULL_EVERY == 0 else min(1, self.window)
-        self._polls += 1
-        hi = version - self.window - 1  # the versions that left the window since the last poll: their last read
-        lo = max(0, self._last - self.window, hi - self.FULL_EVERY + 1)  # a jump (a resume) reads a few, not all
-        try:
-            fetched = self.store.fetch(max(0, version - depth), version, self._seen)
-            if hi >= lo:
-                fetched += self.store.fetch(lo, hi, self._seen)
-            self._last = version
-        except Exception as e:  # the network boundary: say it, try again
-            self.errors += 1
-            logger.warning("could not read the buckets: %s", e)
-            fetched = []
-        for f in fetched:
-            self._seen.add(f.id)
-            self.queue.put(f)
-        oldest = version - self.window - 2
-        self._seen = {i for i in self._seen if i[1] >= oldest}
-
-
-class _Announcer:
-    """Announces the newest version (and the metrics) on a thread, so the learner never waits on the DHT; an
-    older version not yet announced when a newer one is ready is skipped (followers want the newest)."""
-
-    def __init__(self, swarm, blobs):
-        self.swarm = swarm
-        self.blobs = blobs
-        self.announced = -1
-        self.failures = 0
-        self._pending: tuple | None = None
-        self._current: tuple | None = None
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="adapter-announcer", daemon=True)
-        self._thread.start()
-
-    def submit(self, version: int, blob: bytes, parent_sha: str, metrics: MetricsRecord | None) -> None:
-        with self._lock:
-            self._pending = (version, blob, parent_sha, metrics)
-            self._idle.clear()
-        self._wake.set()
-
-    def flush(self, timeout: float = 30.0) -> bool:
-        return self._idle.wait(timeout)
-
-    def close(self) -> None:
-        self.flush()
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        last = time.monotonic()
-        while not self._stop.is_set():
-            self._wake.wait(timeout=REANNOUNCE_EVERY)
-            self._wake.clear()
-            with self._lock:
-                pending, self._pending = self._pending, None
-            if pending is None:
-                if self._current is not None and time.monotonic() - last >= REANNOUNCE_EVERY:
-                    pending = self._current
-                else:
-                    self._idle.set()
-                    continue
-            version, blob, parent, metrics = pending
-            try:
-                announce_adapter(self.swarm, self.blobs, version, blob, parent)
-                self.announced, self._current, last = version, pending, time.monotonic()
-                if metrics is not None:
-                    self.swarm.store(
-                        metrics_key(self.swarm.run_id),
-                        owner_subkey(self.swarm.public_key),
-                        to_dht_value(metrics),
-                        time.time() + 600.0,
-                        "learner metrics",
-                    )
-            except Exception as e:  # the network boundary: keep learning; the next version is announced anyway
-                self.failures += 1
-                logger.warning("could not announce adapter v%d: %s", version, e)
-            with self._lock:
-                if self._pending is None:
-                    self._idle.set()
-
-
 class LearnerPeer:
-    """One learner: :meth:`start`, :meth:`run` (the loop), :meth:`close`."""
+    """One learner: :meth:`start`, :meth:`run` (the loop), :meth:`close`. It leads its team of learners (alone: a
+    team of one) or helps the learner that does (:mod:`peer.roles.team`)."""
 
     def __init__(self, config: LearnerConfig):
         self.config = config
@@ -317,7 +131,7 @@ class LearnerPeer:
         self.optimizer = None
         # per version of the window: its sha256 and a copy of its LoRA tensors (spot checks visit old versions)
         self.window: dict[int, tuple[str, list[torch.Tensor]]] = {}
-        self.made = 0  # versions made by this run of the learner
+        self.made = 0  # versions made (or, helping, applied) by this run of the learner
         self.step_seconds: list[float] = []
         self.staleness: list[int] = []
         self.history: list[dict] = []
@@ -325,6 +139,18 @@ class LearnerPeer:
         self.resumed_from: str = "swarm"
         self._checkpointed: frozenset = frozenset()  # the sha256 of the adapter in the checkpoint (kept cached)
         self._parent_of_resumed = ""
+        self.fetcher: Fetcher | None = None
+        self.lead: team.Lead | None = None
+        self.leader: str | None = None  # the learner this one helps (None: it leads)
+        self.members: list[str] = []  # the team as the leader last said, leader first
+        self.team_counts: Counter = Counter()
+        self._bans_told = 0  # bans already passed on to helpers in a step
+        self._helper_results: Counter = Counter()  # helper -> results received (its first ones are all checked)
+        self._rng = random.Random()
+        self._failed_calls = 0
+        self._synced = False  # holds the team's AdamW state (from a state, or by having led)
+        self._next_rival_check = 0.0
+        self._unreachable: dict[str, float] = {}  # learner -> until when not to probe it again
 
     # --- start-up --------------------------------------------------------------------------------------------------
 
@@ -343,15 +169,21 @@ class LearnerPeer:
         self._remember(s.version, s.sha)
         s.model.eval()
         self.store = DHTBucketStore(s.swarm, s.blobs)
-        self.fetcher = _Fetcher(self.store, spec.staleness.tau_max, c.poll_interval)
-        self.fetcher.version = s.version
-        self.fetcher.start()
-        self._closers.add(self.fetcher.stop)
-        self.announcer = _Announcer(s.swarm, s.blobs)
+        self._closers.add(self._stop_fetcher)
+        self.announcer = Announcer(s.swarm, s.blobs)
         self._closers.add(self.announcer.close)
         if s.version > 0:  # what it resumed from is served and announced by this learner too
             self.announcer.submit(s.version, s.blob, self._parent_of_resumed, None)
-        s.heartbeat.update(state="running", adapter_version=s.version)
+        self.me = str(s.swarm.peer_id)
+        self.lead = team.Lead(self.me, s.swarm.access)
+        self.client = team.TeamClient(s.blobs, s.blobs.invite)
+        team.serve(s.blobs, self.lead)
+        self._closers.add(lambda: team.unserve(s.blobs, self.lead))
+        leader = self._find_leader()
+        if leader is None:
+            self._take_lead("no other learner leads this run")
+        else:
+            self._follow(leader)
         logger.info(
             "learner ready: adapter v%d (%s), %d groups per version, tau_max %d, weighting %s",
             s.version,
@@ -389,6 +221,240 @@ class LearnerPeer:
         self._parent_of_resumed = meta["parent_sha256"]
         self.resumed_from = f"checkpoint {c.checkpoint_dir}"
 
+    # --- the team --------------------------------------------------------------------------------------------------
+
+    def _find_leader(self) -> str | None:
+        """The leader of the run's learners (the best one if several lead), or None: the learners announcing adapters
+        and those with a heartbeat are asked, twice a second apart (a record may not have reached this peer yet)."""
+        from peer.network.heartbeat import live_peers
+
+        s = self.session
+        for attempt in range(2):
+            others = {r.learner for _, r in announcements(s.swarm) if r.version > 0}
+            others |= {p.record.peer_id for p in live_peers(s.swarm, "learner")}
+            others.discard(self.me)
+            best: tuple[int, str] | None = None
+            for peer in sorted(others):
+                answer = self._probe(peer)
+                if answer is None:
+                    continue
+                hint = answer.get("leader")
+                if not answer.get("leading") and isinstance(hint, str) and hint != self.me:
+                    peer, answer = hint, self._probe(hint)
+                leads = answer and answer.get("leading") and isinstance(answer.get("version"), int)
+                if leads and (best is None or team.wins((answer["version"], peer), best)):
+                    best = (answer["version"], peer)
+            if best is not None:
+                if team.wins((s.version, self.me), best):
+                    return None  # this learner holds a newer version (a checkpoint): it leads, the other follows it
+                return best[1]
+            if attempt == 0 and others:
+                self._stop.wait(1.0)
+        return None
+
+    def _probe(self, peer: str) -> dict | None:
+        if self._unreachable.get(peer, 0) > time.monotonic():
+            return None
+        try:
+            return self.client.probe(peer)
+        except Exception as e:  # not a learner (the host), gone, or unreachable: not a leader to follow
+            logger.debug("probing learner %s: %s", peer, e)
+            self._unreachable[peer] = time.monotonic() + 60.0
+            return None
+
+    def _take_lead(self, why: str) -> None:
+        s = self.session
+        self.lead.lead(s.version, s.sha)
+        self.leader, self.members, self._synced = None, [self.me], True
+        self._bans_told = len(self.intake.banned)
+        self._next_rival_check = time.monotonic() + RIVAL_CHECK_EVERY
+        self.fetcher = Fetcher(self.store, s.spec.staleness.tau_max, self.config.poll_interval)
+        self.fetcher.version = s.version
+        self.fetcher.start()
+        self.team_counts["led"] += 1
+        logger.info("leading the learners at v%d (%s)", s.version, why)
+        self._beat()
+
+    def _follow(self, leader: str, same_team: bool = False) -> None:
+        """Help ``leader``; ``same_team``: it took over the team this one was in (so they hold the same state)."""
+        self._stop_fetcher()
+        self.lead.follow(leader)
+        self.leader, self._failed_calls = leader, 0
+        self._synced = self._synced and same_team
+        self.team_counts["followed"] += 1
+        logger.info("helping learner %s, which leads", leader)
+        self._beat()
+
+    def _stop_fetcher(self) -> None:
+        if self.fetcher is not None:
+            self.fetcher.stop()
+            self.fetcher = None
+
+    def _help_once(self) -> None:
+        """One request to the leader, and what its answer says to do (catch up, take a share, ask elsewhere)."""
+        s = self.session
+        try:
+            answer = self.client.work(self.leader, s.version, s.sha, need_state=not self._synced)
+        except Exception as e:  # the network boundary: the leader may be gone
+            self._leader_unreachable(e)
+            return
+        self._failed_calls = 0
+        if isinstance(answer.get("members"), list):
+            self.members = [m for m in answer["members"] if isinstance(m, str)][:64]
+        if "refused" in answer:
+            raise UserError(f"the leading learner refuses this learner's work: {str(answer['refused'])[:200]}")
+        if "leader" in answer:  # it does not lead (any more)
+            hint = answer["leader"]
+            if isinstance(hint, str) and hint not in (self.leader, self.me):
+                self._follow(hint, same_team=True)
+            else:
+                self._succeed(f"learner {self.leader} stopped leading")
+            return
+        if "state" in answer:
+            self._adopt_state(answer["state"])
+        for step in answer.get("steps", []):
+            self._apply_step(team.check_step(step))
+        if "task" in answer:
+            self._do_task(answer["task"])
+
+    def _leader_unreachable(self, error: Exception) -> None:
+        self._failed_calls += 1
+        logger.warning("the leading learner %s did not answer: %s", self.leader, error)
+        if self._failed_calls < 2:
+            self._stop.wait(0.5)
+            return
+        self._succeed(f"learner {self.leader} is unreachable")
+
+    def _succeed(self, why: str) -> None:
+        """The leader is gone: the first member alive after it leads (this one, or one it then follows)."""
+        gone = self.leader
+        for member in [m for m in self.members if m != gone]:
+            if member == self.me:
+                self._take_lead(why)
+                return
+            deadline = time.monotonic() + TAKEOVER_WAIT
+            while time.monotonic() < deadline and not self._stop.is_set():
+                self._unreachable.pop(member, None)
+                answer = self._probe(member)
+                if answer is None:
+                    break  # gone too: the next one
+                if answer.get("leading"):
+                    self._follow(member, same_team=True)
+                    return
+                hint = answer.get("leader")
+                if isinstance(hint, str) and hint not in (gone, self.me, member) and self._probe(hint):
+                    self._follow(hint, same_team=True)
+                    return
+                self._stop.wait(0.5)  # alive, not leading yet: it has not noticed
+        self._take_lead(why)
+
+    def _adopt_state(self, state: dict) -> None:
+        """Take the leader's whole state (this learner was not in its recent lineage)."""
+        s = self.session
+        try:
+            version, sha, blob = int(state["version"]), str(state["sha"]), bytes(state["adapter"])
+            optimizer_state = torch.load(io.BytesIO(bytes(state["optimizer"])), weights_only=True)
+            intake_state = dict(state["intake"])
+        except Exception as e:  # whatever came over the wire: refuse it, ask again
+            logger.warning("the leader's state is unreadable (%s); asking again", e)
+            return
+        if version < s.version:  # this learner holds a newer version: it leads, and the other will follow it
+            self._take_lead(f"v{s.version} is newer than the leader's v{version}")
+            return
+        s.swap(version, sha, blob)
+        self.optimizer.load_state_dict(optimizer_state)
+        self._synced = True
+        self.intake.pool.clear()
+        self.intake.pending_checks()
+        self.intake.known.clear()
+        self.intake.restore(intake_state)
+        self.window.clear()
+        self._remember(version, sha)
+        self._parent_of_resumed = str(state.get("parent") or "")
+        self.announcer.submit(version, blob, self._parent_of_resumed, None)
+        self.team_counts["states"] += 1
+        logger.info("took the leading learner's state at v%d", version)
+        self._beat()
+
+    def _apply_step(self, step: dict) -> None:
+        """Apply the leader's update: its clipped gradient through this learner's (identical) AdamW."""
+        s = self.session
+        if step["version"] != s.version + 1 or (step.get("parent") or "") != s.sha:
+            logger.warning("step v%d does not follow v%d here: asking the leader again", step["version"], s.version)
+            return
+        t0 = time.perf_counter()
+        grads = tensors_from_bytes(step["grads"], lora_parameters(s.model))
+        apply_gradient(s.model, self.optimizer, grads, None)
+        blob = adapter_to_bytes(s.model)
+        sha = sha256_hex(blob)
+        if sha != step["sha"]:  # a different torch build rounds differently: take the leader's adapter as it is
+            self.team_counts["drifted"] += 1
+            logger.warning(
+                "v%d made here hashes to %s…, the leader's to %s…: taking the leader's",
+                step["version"],
+                sha[:12],
+                step["sha"][:12],
+            )
+            blob = s.fetch_adapter(step["sha"], step["size"], [self.leader])
+            load_adapter_bytes(s.model, blob, step["sha"])
+            sha = step["sha"]
+        self.intake.restore(step["intake"])
+        self.team_counts["steps"] += 1
+        record = dict(step["record"], applied_seconds=round(time.perf_counter() - t0, 4))
+        self._advance(step.get("parent") or "", sha, blob, record, None)
+
+    def _do_task(self, task: dict) -> None:
+        """Compute the gradient of the leader's share for this learner and send it back."""
+        s = self.session
+        try:
+            groups = [Accepted(bytes(g["owner"]), unpack(GroupRecord, bytes(g["group"]))) for g in task["groups"]]
+            task_id = int(task["id"])
+        except Exception as e:  # from the leader, but over the wire: refuse it
+            logger.warning("an unreadable share from the leader (%s)", e)
+            return
+        share = share_gradient(s.model, batch_tensors(groups, s.version, s.spec, self._pad_id(), s.device), s.spec)
+        if share is None:
+            params = lora_parameters(s.model)
+            share = Share([torch.zeros_like(p) for p in params], 0, {})
+        try:
+            self.client.result(self.leader, task_id, tensors_to_bytes(share.grads), share.tokens, share.stats)
+            self.team_counts["shares"] += 1
+        except Exception as e:  # the leader will compute the share itself
+            logger.warning("could not send a share's gradient to the leader: %s", e)
+
+    def _check_rivals(self) -> None:
+        """Another learner leading a lineage of its own (two started at once)? The better one stays leader."""
+        self._next_rival_check = time.monotonic() + RIVAL_CHECK_EVERY
+        s = self.session
+        mine = {**{v: sha for v, (sha, _) in self.window.items()}}
+        helpers = set(self.lead.helpers())
+        for _, r in announcements(s.swarm):
+            if r.learner in helpers or r.learner == self.me or mine.get(r.version) == r.sha256:
+                continue
+            if r.version < s.version - team.KEEP_STEPS:
+                continue
+            answer = self._probe(r.learner)
+            leads = answer and answer.get("leading") and isinstance(answer.get("version"), int)
+            if leads and team.wins((answer["version"], r.learner), (s.version, self.me)):
+                logger.warning("learner %s leads another lineage, at v%d: following it", r.learner, answer["version"])
+                self._follow(r.learner)
+                return
+
+    def _beat(self) -> None:
+        self.session.heartbeat.update(
+            adapter_version=self.session.version,
+            throughput=self._rate(),
+            stats={
+                "versions": float(self.made),
+                "accepted": float(sum(h["groups"] for h in self.history)),
+                "rejected": float(sum(self.intake.rejected.values())),
+                "banned": float(len(self.intake.banned)),
+                "waiting": float(self.intake.waiting()),
+                "leading": 1.0 if self.leader is None else 0.0,
+                "helpers": float(len(self.lead.helpers())) if self.leader is None else 0.0,
+            },
+        )
+
     # --- the loop --------------------------------------------------------------------------------------------------
 
     def request_stop(self) -> None:
@@ -403,6 +469,15 @@ class LearnerPeer:
                 break
             if c.max_versions is not None and self.made >= c.max_versions:
                 break
+            if self.leader is not None:
+                self._help_once()
+                continue
+            if self.lead.snapshot_wanted.is_set():
+                self.lead.offer_snapshot(self._snapshot())
+            if time.monotonic() >= self._next_rival_check:
+                self._check_rivals()
+                if self.leader is not None:
+                    continue
             self._read(timeout=0.0)
             self._spot_check(minimum=SPOT_CHECK_BATCH)
             chosen = intake.take(s.version)
@@ -436,6 +511,13 @@ class LearnerPeer:
             "announce_failures": self.announcer.failures,
             "resumed_from": self.resumed_from,
             "peer_id": str(s.swarm.peer_id),
+            "team": {
+                "leading": self.leader is None,
+                "leader": self.leader or self.me,
+                "members": len(self.members),
+                **{k: int(v) for k, v in sorted(self.team_counts.items())},
+                **{f"served_{k}": int(v) for k, v in sorted(self.lead.stats.items())},
+            },
         }
 
     def _read(self, timeout: float) -> None:
@@ -493,50 +575,142 @@ class LearnerPeer:
             _copy_into(params, self.window[s.version][1])
 
     def _update(self, chosen: list[Accepted]) -> None:
+        """Make version ``v + 1`` from ``chosen``: a share for each helper, the rest here, one AdamW step."""
         s, c = self.session, self.config
         t0 = time.perf_counter()
-        batch = batch_tensors(chosen, s.version, s.spec, self._pad_id(), s.device)
-        stats = learn_step(s.model, batch, s.spec, self.optimizer, c.max_grad_norm)
+        helpers = self.lead.helpers()
+        parts = _split(chosen, len(helpers) + 1)
+        tasks: dict[int, tuple[str, list[Accepted]]] = {}
+        for helper, part in zip(helpers, parts[1:], strict=True):
+            if part:
+                groups = [{"owner": a.owner, "group": pack(a.group)} for a in part]
+                tasks[self.lead.assign(helper, groups)] = (helper, part)
+        shares = [self._share(parts[0])]
+        own_seconds = time.perf_counter() - t0
+        received = self._collect(tasks, time.monotonic() + max(HELPER_MIN_WAIT, HELPER_WAIT_FACTOR * own_seconds))
+        for task_id, (helper, part) in tasks.items():
+            share = received.get(task_id)
+            if share is None:
+                self.lead.withdraw(helper)
+                self.team_counts["shares_late"] += 1
+                share = self._share(part)
+            elif self._helper_results[helper] <= HELPER_PROBATION or self._rng.random() < c.check_rate:
+                share = self._check_helper(helper, part, share)
+            shares.append(share)
+            self._helper_results[helper] += 1
+        combined = combine(shares)
         taus = [s.version - a.group.version for a in chosen]
         self.staleness.extend(taus)
-        if stats is None:  # every group's rewards were all equal: they are used, but nothing moves
-            self._record(None, chosen, taus, batch, time.perf_counter() - t0, None)
+        if combined is None:  # every group's rewards were all equal: they are used, but nothing moves
+            self._record(None, chosen, taus, time.perf_counter() - t0, None)
             return
+        grad_norm = apply_gradient(s.model, self.optimizer, combined.grads, c.max_grad_norm)
         blob = adapter_to_bytes(s.model)
         parent, sha = s.sha, sha256_hex(blob)
+        seconds = time.perf_counter() - t0
+        self.step_seconds.append(seconds)
+        stats = {**combined.stats, "grad_norm": grad_norm, "helpers": len(tasks)}
+        record = self._record(parent, chosen, taus, seconds, stats, version=s.version + 1, sha=sha)
+        banned = list(self.intake.banned.items())
+        self.lead.advance(
+            {
+                "version": s.version + 1,
+                "parent": parent,
+                "sha": sha,
+                "size": len(blob),
+                "grads": tensors_to_bytes(combined.grads),
+                "intake": {
+                    "used": _used_of(chosen),
+                    "banned": {o.hex(): why for o, why in banned[self._bans_told :]},
+                },
+                "record": dict(record, ids=[list(a.id) for a in chosen]),
+            }
+        )
+        self._bans_told = len(banned)
+        self._advance(parent, sha, blob, record, self._metrics(record))
+
+    def _share(self, part: list[Accepted]) -> Share | None:
+        s = self.session
+        if not part:
+            return None
+        return share_gradient(s.model, batch_tensors(part, s.version, s.spec, self._pad_id(), s.device), s.spec)
+
+    def _collect(self, tasks: dict, deadline: float) -> dict[int, Share]:
+        """The helpers' gradients for ``tasks`` that arrive before ``deadline`` (checked; late ones are ignored)."""
+        params = lora_parameters(self.session.model)
+        received: dict[int, Share] = {}
+        while len(received) < len(tasks):
+            try:
+                peer, task_id, grads, tokens, stats = self.lead.results.get(
+                    timeout=max(0.0, deadline - time.monotonic())
+                )
+            except queue.Empty:
+                break
+            if task_id not in tasks or tasks[task_id][0] != peer:
+                continue  # an answer to a task already done here
+            try:
+                names = ("loss", "clip_fraction", "ratio_mean", "ratio_max")
+                stats = {**{k: float(stats[k]) for k in names}, "rows": int(stats["rows"])} if tokens else {}
+                received[task_id] = Share(tensors_from_bytes(grads, params), tokens, stats)
+            except (KeyError, TypeError, ValueError) as e:
+                logger.warning("learner %s sent an unreadable gradient (%s): computing its share here", peer, e)
+        return received
+
+    def _check_helper(self, helper: str, part: list[Accepted], share: Share) -> Share | None:
+        """Recompute a helper's share here; a gradient that differs means it no longer helps this team."""
+        self.team_counts["helper_checks"] += 1
+        mine = self._share(part)
+        if _same_gradient(mine, share):
+            return mine
+        self.team_counts["helpers_refused"] += 1
+        why = "its gradient differs from the one recomputed by the leader"
+        logger.warning("refusing learner %s: %s", helper, why)
+        self.lead.refuse(helper, why)
+        return mine
+
+    def _advance(self, parent: str, sha: str, blob: bytes, record: dict, metrics: MetricsRecord | None) -> None:
+        """The model now holds the next version (made here or applied from the leader): keep, announce, log it."""
+        s, c = self.session, self.config
         s.version, s.sha, s.blob = s.version + 1, sha, blob
         self.made += 1
         self._remember(s.version, sha)
-        seconds = time.perf_counter() - t0
-        self.step_seconds.append(seconds)
-        self.fetcher.version = s.version
-        record = self._record(parent, chosen, taus, batch, seconds, stats)
-        self.announcer.submit(s.version, blob, parent, self._metrics(record))
-        s.heartbeat.update(
-            adapter_version=s.version,
-            throughput=self._rate(),
-            stats={
-                "versions": float(self.made),
-                "accepted": float(sum(h["groups"] for h in self.history)),
-                "rejected": float(sum(self.intake.rejected.values())),
-                "banned": float(len(self.intake.banned)),
-                "waiting": float(self.intake.waiting()),
-            },
-        )
+        if self.fetcher is not None:
+            self.fetcher.version = s.version
+        if self.leader is not None:  # applied: the leader's record, kept here too
+            self.history.append(record)
+            self._ledger(record)
+        self.announcer.submit(s.version, blob, parent, metrics)
+        self._beat()
         if c.checkpoint_dir and self.made % c.checkpoint_every == 0:
             self._checkpoint()
 
-    def _record(self, parent, chosen, taus, batch, seconds, stats) -> dict:
+    def _snapshot(self) -> dict:
+        """This learner's whole state, for a helper that is not in its recent lineage."""
         s = self.session
-        record = {
+        buffer = io.BytesIO()
+        torch.save(self.optimizer.state_dict(), buffer)
+        parent = self.history[-1]["parent_sha256"] if self.history else self._parent_of_resumed
+        return {
             "version": s.version,
-            "sha256": s.sha,
+            "sha": s.sha,
+            "parent": parent or "",
+            "adapter": s.blob,
+            "optimizer": buffer.getvalue(),
+            "intake": self.intake.state(),
+        }
+
+    def _record(self, parent, chosen, taus, seconds, stats, version=None, sha=None) -> dict:
+        s = self.session
+        rewards = [r for a in chosen for r in a.group.rewards]
+        record = {
+            "version": s.version if version is None else version,
+            "sha256": s.sha if sha is None else sha,
             "parent_sha256": parent,
             "time": time.time(),
             "groups": len(chosen),
             "staleness_mean": sum(taus) / len(taus),
             "staleness_max": max(taus),
-            "reward_mean": float(batch.rewards.mean()),
+            "reward_mean": sum(rewards) / len(rewards),
             "step_seconds": round(seconds, 4),
             "waiting": self.intake.waiting(),
             "dropped_stale": self.intake.counts["dropped_stale"],
@@ -549,8 +723,8 @@ class LearnerPeer:
         self.accepted_by.update(a.owner for a in chosen)
         if stats is not None:
             logger.info(
-                "v%d: %d groups (tau mean %.2f max %d), reward %.3f, clip %.3f, ratio %.3f, step %.3fs",
-                s.version,
+                "v%d: %d groups (tau mean %.2f max %d), reward %.3f, clip %.3f, ratio %.3f, step %.3fs%s",
+                record["version"],
                 len(chosen),
                 record["staleness_mean"],
                 record["staleness_max"],
@@ -558,19 +732,22 @@ class LearnerPeer:
                 stats["clip_fraction"],
                 stats["ratio_mean"],
                 seconds,
+                f", {stats['helpers']} helpers" if stats.get("helpers") else "",
             )
+        self._ledger(dict(record, ids=[list(a.id) for a in chosen]))
+        return record
+
+    def _ledger(self, line: dict) -> None:
         if self.config.ledger is not None:
-            line = dict(record, ids=[list(a.id) for a in chosen])
             with open(self.config.ledger, "a") as f:
                 f.write(json.dumps(line) + "\n")
-        return record
 
     def _metrics(self, record: dict) -> MetricsRecord:
         banned = list(self.intake.banned)[-64:]  # the most recent bans
         return MetricsRecord(
             learner=str(self.session.swarm.peer_id),
             version=self.session.version,
-            groups_accepted=sum(h["groups"] for h in self.history),
+            groups_accepted=sum(self.accepted_by.values()),  # its own updates' (status sums over learners)
             groups_dropped_stale=self.intake.counts["dropped_stale"],
             groups_rejected=dict(list(self.intake.rejected.items())[:16]),
             staleness_mean=float(record["staleness_mean"]),
@@ -637,55 +814,39 @@ class LearnerPeer:
         self.close()
 
 
+def _split(items: list, n: int) -> list[list]:
+    """``items`` in ``n`` consecutive parts whose sizes differ by at most one (the first ones are the larger)."""
+    size, extra = divmod(len(items), n)
+    parts, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        parts.append(items[start:end])
+        start = end
+    return parts
+
+
+def _used_of(chosen: list[Accepted]) -> dict[str, list[list[int]]]:
+    """The seqs an update used, in the form of :meth:`Intake.state` (helpers restore it)."""
+    used: dict[str, list[list[int]]] = {}
+    for a in chosen:
+        used.setdefault(a.owner.hex(), []).append([a.group.seq, a.group.version])
+    return used
+
+
+def _same_gradient(a: Share | None, b: Share) -> bool:
+    if a is None:
+        return b.tokens == 0
+    if a.tokens != b.tokens:
+        return False
+    scale = max(float(g.abs().max()) for g in a.grads) + 1e-8
+    worst = max(float((x - y).abs().max()) for x, y in zip(a.grads, b.grads, strict=True))
+    return worst <= GRADIENT_TOLERANCE * scale
+
+
 def _copy_into(params: list[torch.nn.Parameter], values: list[torch.Tensor]) -> None:
     with torch.no_grad():
         for p, v in zip(params, values, strict=True):
             p.copy_(v)
-
-
-# --- checkpoints ---------------------------------------------------------------------------------------------------
-
-CHECKPOINT_META = "checkpoint.json"
-
-
-def write_checkpoint(directory: Path, meta: dict, adapter: bytes, optimizer_state: dict) -> None:
-    """Write ``directory/{checkpoint.json, adapter.safetensors, optimizer.pt}`` atomically (a crash mid-write
-    leaves the previous checkpoint whole)."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    (tmp / "adapter.safetensors").write_bytes(adapter)
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    (tmp / CHECKPOINT_META).write_text(json.dumps(meta))
-    old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-    if directory.exists():
-        directory.rename(old)
-    tmp.rename(directory)
-    if old.exists():
-        shutil.rmtree(old)
-
-
-def read_checkpoint(directory: Path) -> tuple[dict, bytes, dict] | None:
-    """(meta, adapter bytes, optimizer state) or None when ``directory`` holds no checkpoint; UserError when it
-    holds a broken one."""
-    directory = Path(directory)
-    if not (directory / CHECKPOINT_META).exists():
-        return None
-    try:
-        meta = json.loads((directory / CHECKPOINT_META).read_text())
-        blob = (directory / "adapter.safetensors").read_bytes()
-        if sha256_hex(blob) != meta["sha256"]:
-            raise ValueError(f"adapter.safetensors hashes to {sha256_hex(blob)[:12]}…, not {meta['sha256'][:12]}…")
-        optimizer_state = torch.load(directory / "optimizer.pt", weights_only=True)
-        int(meta["version"])
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise UserError(
-            f"the checkpoint in {directory} is unreadable ({e}); move it away to resume from the swarm instead"
-        ) from e
-    return meta, blob, optimizer_state
 
 
 def run_learner(config: LearnerConfig, on_ready=None) -> dict:

@@ -24,6 +24,7 @@ REASONS = (
     "shape",
     "vocabulary",
     "version",
+    "lineage",
     "prompt",
     "reward",
     "logprobs",
@@ -70,8 +71,8 @@ def check_group(
     if sha is None:
         return Refused("version", f"adapter version {group.version} is not one this reader knows")
     if sha != group.adapter_sha256:
-        return Refused(
-            "version", f"adapter v{group.version} is {sha[:12]}…, the group says {group.adapter_sha256[:12]}…"
+        return Refused(  # made under another lineage's v (two learners leading at once): ignored, not banned
+            "lineage", f"adapter v{group.version} is {sha[:12]}…, the group says {group.adapter_sha256[:12]}…"
         )
     expected_seed = prompt_seed(spec.seed, owner)
     if (group.task_seed, group.task_index) != (expected_seed, group.seq):

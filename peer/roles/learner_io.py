@@ -1,0 +1,145 @@
+"""The learner's two network threads: reading the buckets, and announcing adapter versions and metrics."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from peer.log import get_logger
+from peer.protocol import MetricsRecord, metrics_key, owner_subkey, to_dht_value
+from peer.roles.adapters import announce_adapter
+
+logger = get_logger(__name__)
+
+REANNOUNCE_EVERY = 120.0  # s; the announcement lives ANNOUNCEMENT_TTL (600 s): an idle learner stays findable
+
+
+class Fetcher:
+    """Reads the buckets of the staleness window on a thread; hands each new entry over exactly once.
+
+    Every poll reads the newest two versions' buckets (where rollout peers publish); the whole window every
+    ``FULL_EVERY`` polls (the late groups of slow peers); and a version's bucket once more as it leaves the window,
+    so nothing published into the window goes unread — a late replay is still caught, though its group is too old
+    to use. (Reading the whole window every poll made the learner's DHT process the busiest process of the demo:
+    every read fetches and validates every entry of every bucket again.)
+    """
+
+    FULL_EVERY = 8
+
+    def __init__(self, store, window: int, interval: float):
+        self.store = store
+        self.window = window
+        self.interval = interval
+        self.version = 0
+        self.queue: queue.Queue = queue.Queue()
+        self.errors = 0
+        self._seen: set = set()
+        self._polls, self._last = 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bucket-fetcher", daemon=True)
+
+    def start(self) -> Fetcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            self._stop.wait(self.interval)
+
+    def poll(self) -> None:
+        """One read: the newest versions, the whole window every ``FULL_EVERY``-th time, the versions leaving."""
+        version = self.version
+        depth = self.window if self._polls % self.FULL_EVERY == 0 else min(1, self.window)
+        self._polls += 1
+        hi = version - self.window - 1  # the versions that left the window since the last poll: their last read
+        lo = max(0, self._last - self.window, hi - self.FULL_EVERY + 1)  # a jump (a resume) reads a few, not all
+        try:
+            fetched = self.store.fetch(max(0, version - depth), version, self._seen)
+            if hi >= lo:
+                fetched += self.store.fetch(lo, hi, self._seen)
+            self._last = version
+        except Exception as e:  # the network boundary: say it, try again
+            self.errors += 1
+            logger.warning("could not read the buckets: %s", e)
+            fetched = []
+        for f in fetched:
+            self._seen.add(f.id)
+            self.queue.put(f)
+        oldest = version - self.window - 2
+        self._seen = {i for i in self._seen if i[1] >= oldest}
+
+
+class Announcer:
+    """Announces the newest version (and the metrics) on a thread, so the learner never waits on the DHT; an
+    older version not yet announced when a newer one is ready is skipped (followers want the newest)."""
+
+    def __init__(self, swarm, blobs):
+        self.swarm = swarm
+        self.blobs = blobs
+        self.announced = -1
+        self.failures = 0
+        self._pending: tuple | None = None
+        self._current: tuple | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="adapter-announcer", daemon=True)
+        self._thread.start()
+
+    def submit(self, version: int, blob: bytes, parent_sha: str, metrics: MetricsRecord | None) -> None:
+        with self._lock:
+            self._pending = (version, blob, parent_sha, metrics)
+            self._idle.clear()
+        self._wake.set()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        return self._idle.wait(timeout)
+
+    def close(self) -> None:
+        self.flush()
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.is_set():
+            self._wake.wait(timeout=REANNOUNCE_EVERY)
+            self._wake.clear()
+            with self._lock:
+                pending, self._pending = self._pending, None
+            if pending is None:
+                if self._current is not None and time.monotonic() - last >= REANNOUNCE_EVERY:
+                    pending = self._current
+                else:
+                    self._idle.set()
+                    continue
+            version, blob, parent, metrics = pending
+            try:
+                announce_adapter(self.swarm, self.blobs, version, blob, parent)
+                self.announced, self._current, last = version, pending, time.monotonic()
+                if metrics is not None:
+                    self.swarm.store(
+                        metrics_key(self.swarm.run_id),
+                        owner_subkey(self.swarm.public_key),
+                        to_dht_value(metrics),
+                        time.time() + 600.0,
+                        "learner metrics",
+                    )
+            except Exception as e:  # the network boundary: keep learning; the next version is announced anyway
+                self.failures += 1
+                logger.warning("could not announce adapter v%d: %s", version, e)
+            with self._lock:
+                if self._pending is None:
+                    self._idle.set()
+
+
+__all__ = ["Announcer", "Fetcher"]

@@ -1,0 +1,273 @@
+"""Several learners, one adapter lineage: a leader splits each update into shares, helpers compute theirs.
+
+Protocol ``hivegrpo.team.v1`` (request/response over a P2P stream, :mod:`peer.network.rpc`), served by every
+learner; only the one *leading* answers with work, the others redirect to it. A helper loops on one request::
+
+    helper -> leader   {"op": "work", "version": v, "sha": s, "need_state": bool, "invite": ...}
+    leader -> helper   {"steps": [...]}   the updates since v (each: version, parent, sha, size, the clipped
+                                          gradient, the intake's delta, the ledger record)
+                       {"state": {...}}   v/s is not in the leader's recent lineage, or the helper asked (it has
+                                          just joined): the whole state (adapter, AdamW state, the intake's
+                                          bans and used seqs)
+                       {"task": {...}}    a share of the update in progress: groups (packed records) + signers
+                       {"idle": true}     nothing within POLL_WAIT s: ask again
+                       {"leader": id}     not leading: ask that one (None: nobody known)
+                       {"refused": why}   this leader no longer takes this helper's work
+    helper -> leader   {"op": "result", "task": id, "grads": bytes, "tokens": n, "stats": {...}}
+
+Every answer carries ``members``: the leader, then its helpers in the order they came. When the leader is gone a
+helper walks that list: the first one alive leads (every member holds the same adapter *and* AdamW state, because
+each applied the same clipped gradients), so no version is lost and none goes backwards.
+
+The leader side (:class:`Lead`) is touched by the learner's loop thread and by the handler on the blob service's
+event loop; everything shared is under one lock. :mod:`peer.roles.learner` drives both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from collections import Counter
+
+from hivemind.p2p import PeerID
+
+from peer.log import get_logger
+from peer.network import rpc
+from peer.network.blobs_cache import check_sha256
+
+logger = get_logger(__name__)
+
+PROTOCOL = "hivegrpo.team.v1"
+MAX_MESSAGE = 64 << 20  # bytes: a state (adapter + AdamW state + the intake's seqs) of a large adapter
+POLL_WAIT = 2.0  # s a work request waits for something to do
+ACTIVE_FOR = 5.0  # s since its last request for a helper to be given shares
+KEEP_STEPS = 32  # updates the leader keeps to bring a helper that fell behind up to date (else: the whole state)
+CALL_TIMEOUT = 15.0  # s for one call (a work request waits POLL_WAIT of it; a state is larger)
+
+
+def _count(value, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise rpc.ProtocolError(f"{what} must be a non-negative integer, got {value!r:.40}")
+    return value
+
+
+def check_step(step: dict) -> dict:
+    """A step as it came over the wire, its types checked (the gradient is checked where it is loaded)."""
+    if not isinstance(step, dict):
+        raise rpc.ProtocolError("a step is a map")
+    _count(step.get("version"), "a step's version")
+    _count(step.get("size"), "a step's size")
+    try:
+        check_sha256(step.get("sha"))
+        if step.get("parent"):
+            check_sha256(step.get("parent"))
+    except ValueError as e:
+        raise rpc.ProtocolError(str(e)) from None
+    if not isinstance(step.get("grads"), bytes) or not isinstance(step.get("intake"), dict):
+        raise rpc.ProtocolError("a step carries grads (bytes) and intake (a map)")
+    if not isinstance(step.get("record"), dict):
+        raise rpc.ProtocolError("a step carries its record (a map)")
+    return step
+
+
+class Lead:
+    """The leader's side of the team protocol (and, when not leading, the redirect to who is)."""
+
+    def __init__(self, me: str, access=None):
+        self.me = me
+        self.access = access  # a private swarm's Access: requests must carry a valid invite
+        self.leading = False
+        self.leader_hint: str | None = None
+        self.version, self.sha = -1, ""
+        self.stats: Counter = Counter()
+        self.results: queue.Queue = queue.Queue()
+        self.snapshot_wanted = threading.Event()
+        self._lock = threading.Lock()
+        self._lineage: dict[int, str] = {}
+        self._steps: dict[int, dict] = {}
+        self._helpers: dict[str, list[float]] = {}  # peer -> [first seen, last seen]
+        self._refused: dict[str, str] = {}  # helper peer -> why its work is no longer taken
+        self._tasks: dict[str, dict] = {}  # helper peer -> its share of the update in progress
+        self._snapshot: dict | None = None
+        self._ids = itertools.count()
+        self.closed = False  # set before the handler is removed: waiting requests answer at once
+
+    # --- the learner's loop ----------------------------------------------------------------------------------------
+
+    def lead(self, version: int, sha: str) -> None:
+        with self._lock:
+            self.leading, self.leader_hint = True, None
+            self._lineage = {version: sha}
+            self._steps, self._tasks, self._snapshot = {}, {}, None
+            self.version, self.sha = version, sha
+
+    def follow(self, leader: str | None) -> None:
+        with self._lock:
+            self.leading, self.leader_hint = False, leader
+            self._tasks.clear()
+            self._helpers.clear()
+
+    def advance(self, step: dict) -> None:
+        """The update that made ``step["version"]`` is done: helpers get it on their next request."""
+        with self._lock:
+            v = step["version"]
+            self.version, self.sha = v, step["sha"]
+            self._lineage[v], self._steps[v] = step["sha"], step
+            for old in [k for k in self._lineage if k < v - KEEP_STEPS]:
+                self._lineage.pop(old, None)
+                self._steps.pop(old, None)
+            self._tasks.clear()
+            self._snapshot = None
+
+    def helpers(self) -> list[str]:
+        """The helpers to give shares to: asked within ACTIVE_FOR s, not refused, oldest first."""
+        now = time.monotonic()
+        with self._lock:
+            live = [(t[0], p) for p, t in self._helpers.items() if now - t[1] < ACTIVE_FOR and p not in self._refused]
+        return [p for _, p in sorted(live)]
+
+    def members(self) -> list[str]:
+        return [self.me, *self.helpers()]
+
+    def assign(self, helper: str, groups: list[dict]) -> int:
+        """Hand ``helper`` a share of the current update; returns the task id its result will carry."""
+        task_id = next(self._ids)
+        with self._lock:
+            self._tasks[helper] = {"id": task_id, "version": self.version, "groups": groups}
+        return task_id
+
+    def withdraw(self, helper: str) -> None:
+        with self._lock:
+            self._tasks.pop(helper, None)
+
+    def refuse(self, helper: str, why: str) -> None:
+        with self._lock:
+            self._refused[helper] = why
+            self._tasks.pop(helper, None)
+
+    def offer_snapshot(self, snapshot: dict) -> None:
+        with self._lock:
+            if snapshot["version"] == self.version:
+                self._snapshot = snapshot
+        self.snapshot_wanted.clear()
+
+    # --- the handler (on the blob service's event loop) ------------------------------------------------------------
+
+    async def handle(self, peer_id: PeerID, request: dict) -> dict:
+        peer = str(peer_id)
+        if self.access is not None:
+            refused = self.access.check(request.get("invite"))
+            if refused is not None:
+                return {"error": f"not authorized ({refused}): this learner works with its swarm's peers only"}
+        op = request.get("op")
+        if op == "probe":
+            with self._lock:
+                return {"leading": self.leading, "leader": self.leader_hint, "version": self.version, "sha": self.sha}
+        if op == "work":
+            version, sha = _count(request.get("version"), "version"), str(request.get("sha"))
+            return await self._work(peer, version, sha, bool(request.get("need_state")))
+        if op == "result":
+            return self._result(peer, request)
+        return {"error": f"unknown op {op!r:.40}"}
+
+    async def _work(self, peer: str, version: int, sha: str, need_state: bool) -> dict:
+        deadline = time.monotonic() + POLL_WAIT
+        with self._lock:
+            if peer in self._refused:
+                return {"refused": self._refused[peer]}
+            now = time.monotonic()
+            self._helpers.setdefault(peer, [now, now])[1] = now
+        while True:
+            with self._lock:
+                if not self.leading or self.closed:
+                    return {"leader": self.leader_hint}
+                members = [self.me, *[p for _, p in sorted((t[0], p) for p, t in self._helpers.items())]]
+                if need_state or self._lineage.get(version) != sha or version > self.version:
+                    answer = None if self._snapshot is None else {"state": self._snapshot}
+                    if answer is None:
+                        self.snapshot_wanted.set()
+                elif version < self.version:
+                    steps = [self._steps.get(v) for v in range(version + 1, self.version + 1)]
+                    if all(steps):
+                        answer = {"steps": steps}
+                    else:
+                        answer = None if self._snapshot is None else {"state": self._snapshot}
+                        if answer is None:
+                            self.snapshot_wanted.set()
+                else:
+                    task = self._tasks.pop(peer, None)
+                    answer = None if task is None or task["version"] != version else {"task": task}
+                self._helpers[peer][1] = time.monotonic()
+            if answer is not None:
+                self.stats[next(iter(answer))] += 1
+                return {**answer, "members": members}
+            if time.monotonic() > deadline:
+                return {"idle": True, "members": members}
+            await asyncio.sleep(0.01)
+
+    def _result(self, peer: str, request: dict) -> dict:
+        task_id = _count(request.get("task"), "task")
+        grads, stats = request.get("grads"), request.get("stats")
+        if not isinstance(grads, bytes) or not isinstance(stats, dict):
+            raise rpc.ProtocolError("a result carries grads (bytes) and stats (a map)")
+        self.results.put((peer, task_id, grads, _count(request.get("tokens"), "tokens"), stats))
+        return {"ok": True}
+
+
+class TeamClient:
+    """The helper's side: blocking calls to other learners through the blob service's event loop."""
+
+    def __init__(self, blobs, invite: str | None):
+        self.blobs = blobs
+        self.invite = invite
+
+    def _call(self, peer: str, request: dict, timeout: float = CALL_TIMEOUT) -> dict:
+        request = {**request, "invite": self.invite}
+        target = PeerID.from_base58(peer)
+
+        async def go(p2p):
+            return await rpc.call(p2p, target, PROTOCOL, request, timeout=timeout, limit=MAX_MESSAGE)
+
+        return self.blobs.run_coroutine(go, timeout + 5)
+
+    def probe(self, peer: str, timeout: float = 5.0) -> dict:
+        return self._call(peer, {"op": "probe"}, timeout)
+
+    def work(self, leader: str, version: int, sha: str, need_state: bool = False) -> dict:
+        """``need_state``: this learner has not taken the team's AdamW state yet (it just joined)."""
+        return self._call(leader, {"op": "work", "version": version, "sha": sha, "need_state": need_state})
+
+    def result(self, leader: str, task_id: int, grads: bytes, tokens: int, stats: dict) -> dict:
+        return self._call(leader, {"op": "result", "task": task_id, "grads": grads, "tokens": tokens, "stats": stats})
+
+
+def serve(blobs, lead: Lead) -> None:
+    """Register ``lead``'s handler on the blob service's P2P replica (the learner's peer id)."""
+
+    async def go(p2p):
+        await rpc.serve(p2p, PROTOCOL, lead.handle, limit=MAX_MESSAGE)
+
+    blobs.run_coroutine(go, 30)
+
+
+def unserve(blobs, lead: Lead) -> None:
+    """Answer the requests waiting now (a helper then asks who leads), and remove the handler."""
+    lead.follow(None)
+    lead.closed = True
+
+    async def go(p2p):
+        await asyncio.sleep(0.1)  # the waiting requests see ``closed`` within 10 ms and answer
+        await p2p.remove_binary_stream_handler(PROTOCOL)
+
+    blobs.run_coroutine(go, 10)
+
+
+def wins(a: tuple[int, str], b: tuple[int, str]) -> bool:
+    """Whether leader ``a`` = (version, peer id) wins over leader ``b``: the higher version, then the smaller id."""
+    return a[0] > b[0] or (a[0] == b[0] and a[1] < b[1])
+
+
+__all__ = ["KEEP_STEPS", "PROTOCOL", "Lead", "TeamClient", "check_step", "serve", "unserve", "wins"]

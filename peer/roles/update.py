@@ -1,0 +1,194 @@
+"""One update of the adapter from verified groups: the batch, its gradient in shares, and the AdamW step.
+
+A learner alone runs :func:`learn_step` (= :func:`share_gradient` over the whole batch + :func:`apply_gradient`).
+A team of learners (:mod:`peer.roles.team`) splits the update's groups into shares, one per learner: each computes
+:func:`share_gradient` of its share's token-mean loss, and the leader combines them weighted by token count
+(:func:`combine`) — the gradient of the token-mean loss over all the groups, the same update one learner would make
+— then clips and steps (:func:`apply_gradient`). The clipped gradient goes to every learner, whose identical AdamW
+then makes the identical adapter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from peer.grpo import clipped_policy_loss, completion_logprobs, group_advantages, staleness_weight
+from peer.model.adapter import lora_parameters
+from peer.roles.verify import pack_rows
+
+
+@dataclass
+class Batch:
+    """The tensors of one update, rows prompt-major (row = group * G + completion)."""
+
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P]
+    completion_ids: torch.Tensor  # [B, C] right-padded
+    completion_mask: torch.Tensor  # [B, C] bool
+    behaviour: torch.Tensor  # [B, C] float32
+    advantages: torch.Tensor  # [B]
+    weights: torch.Tensor  # [B] staleness weights
+    rewards: torch.Tensor  # [groups, G]
+
+
+@dataclass
+class Share:
+    """The gradient of one share's token-mean loss (``grads`` in ``lora_parameters`` order) and its statistics."""
+
+    grads: list[torch.Tensor]
+    tokens: int  # completion tokens of the rows with signal: the share's weight in :func:`combine`
+    stats: dict  # loss, clip_fraction, ratio_mean (token means), ratio_max, rows
+
+
+def batch_tensors(accepted: list, version: int, spec, pad_id: int, device) -> Batch:
+    """Pack verified groups (``Accepted``; their staleness against ``version``) into the loss's layout."""
+    behaviour, weights, rewards = [], [], []
+    for a in accepted:
+        g = a.group
+        w = staleness_weight(version - g.version, spec.staleness)
+        rewards.append(list(g.rewards))
+        for c in g.completions:
+            behaviour.append(c.behaviour_logprobs())
+            weights.append(w)
+    prompt_ids, prompt_mask, completion_ids, completion_mask = pack_rows([a.group for a in accepted], pad_id, device)
+    C = completion_ids.shape[1]
+    behaviour_t = torch.tensor([b + [0.0] * (C - len(b)) for b in behaviour], dtype=torch.float32)
+    rewards_t = torch.tensor(rewards, dtype=torch.float32)
+    advantages = group_advantages(rewards_t, spec.loss.adv_eps).flatten()
+    return Batch(
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
+        behaviour_t.to(device),
+        advantages.to(device),
+        torch.tensor(weights, dtype=torch.float32, device=device),
+        rewards_t,
+    )
+
+
+def share_gradient(model, batch: Batch, spec) -> Share | None:
+    """The clipped loss's gradient over the rows of ``batch`` that carry signal; None when no row does."""
+    rows = batch.advantages.ne(0).nonzero().flatten()
+    if rows.numel() == 0:
+        return None
+    params = lora_parameters(model)
+    model.train()
+    try:
+        prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]
+        completion_ids = batch.completion_ids[rows]
+        logprobs = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, spec.sampling.temperature)
+        ref = None
+        if spec.loss.kl_beta > 0:
+            with torch.no_grad(), model.disable_adapter():
+                ref = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, spec.sampling.temperature)
+        loss, stats = clipped_policy_loss(
+            logprobs,
+            batch.behaviour[rows],
+            batch.advantages[rows],
+            batch.completion_mask[rows],
+            batch.weights[rows],
+            spec.loss,
+            ref,
+        )
+        for p in params:
+            p.grad = None
+        loss.backward()
+    finally:
+        model.eval()
+    grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+    for p in params:
+        p.grad = None
+    return Share(
+        grads,
+        int(batch.completion_mask[rows].sum()),
+        {
+            "loss": stats.loss,
+            "clip_fraction": stats.clip_fraction,
+            "ratio_mean": stats.ratio_mean,
+            "ratio_max": stats.ratio_max,
+            "rows": int(rows.numel()),
+        },
+    )
+
+
+def combine(shares: list[Share]) -> Share | None:
+    """The token-weighted mean of the shares' gradients and statistics (None when no share has signal)."""
+    shares = [s for s in shares if s is not None and s.tokens > 0]
+    if not shares:
+        return None
+    if len(shares) == 1:
+        return shares[0]
+    total = sum(s.tokens for s in shares)
+    grads = [sum(s.grads[i] * (s.tokens / total) for s in shares) for i in range(len(shares[0].grads))]
+    stats = {
+        name: sum(float(s.stats[name]) * s.tokens for s in shares) / total
+        for name in ("loss", "clip_fraction", "ratio_mean")
+    }
+    stats["ratio_max"] = max(float(s.stats["ratio_max"]) for s in shares)
+    stats["rows"] = sum(int(s.stats["rows"]) for s in shares)
+    return Share(grads, total, stats)
+
+
+def apply_gradient(model, optimizer, grads: list[torch.Tensor], max_grad_norm: float | None) -> float:
+    """Set the LoRA gradients to ``grads``, clip them to ``max_grad_norm`` (None: as they are, already clipped) and
+    take one optimizer step; returns the norm before clipping. ``grads`` are left holding what was applied."""
+    params = lora_parameters(model)
+    for p, g in zip(params, grads, strict=True):
+        if g.shape != p.shape:
+            raise ValueError(f"a gradient of shape {list(g.shape)} for a parameter of shape {list(p.shape)}")
+        p.grad = g.to(p.device, p.dtype)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else float("inf"))
+    optimizer.step()
+    for g, p in zip(grads, params, strict=True):
+        g.copy_(p.grad)
+        p.grad = None
+    return float(norm)
+
+
+def learn_step(model, batch: Batch, spec, optimizer, max_grad_norm: float) -> dict | None:
+    """One clipped-loss AdamW step over the rows that carry signal; None when no row does (nothing to learn)."""
+    share = share_gradient(model, batch, spec)
+    if share is None:
+        return None
+    grad_norm = apply_gradient(model, optimizer, share.grads, max_grad_norm)
+    return {**share.stats, "grad_norm": grad_norm}
+
+
+def tensors_to_bytes(tensors: list[torch.Tensor]) -> bytes:
+    """Gradients (or any list of tensors) as safetensors bytes, named by position."""
+    return st_save({str(i): t.detach().contiguous().cpu() for i, t in enumerate(tensors)})
+
+
+def tensors_from_bytes(data: bytes, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The inverse of :func:`tensors_to_bytes`, checked against ``like`` (count, shapes, finite values)."""
+    try:
+        loaded = st_load(data)
+    except Exception as e:  # safetensors raises its own error types on garbage
+        raise ValueError(f"unreadable tensors: {e}") from None
+    if sorted(loaded) != sorted(str(i) for i in range(len(like))):
+        raise ValueError(f"{len(loaded)} tensors where {len(like)} were expected")
+    out = []
+    for i, ref in enumerate(like):
+        t = loaded[str(i)]
+        if t.shape != ref.shape or t.dtype != torch.float32 or not torch.isfinite(t).all():
+            raise ValueError(f"tensor {i}: {list(t.shape)} {t.dtype}, expected finite {list(ref.shape)} float32")
+        out.append(t.to(ref.device))
+    return out
+
+
+__all__ = [
+    "Batch",
+    "Share",
+    "apply_gradient",
+    "batch_tensors",
+    "combine",
+    "learn_step",
+    "share_gradient",
+    "tensors_from_bytes",
+    "tensors_to_bytes",
+]
