@@ -168,6 +168,13 @@ def main(log_level: str | None) -> None:
 @click.option("--no-target", is_flag=True, help="Run for the whole --duration.")
 @click.option("--rollout-peers", type=click.IntRange(1, 8), default=2, show_default=True)
 @click.option(
+    "--learners",
+    type=click.IntRange(1, 4),
+    default=1,
+    show_default=True,
+    help="Learners; more than one form a team that shares each update (docs/learner.md).",
+)
+@click.option(
     "--report-dir",
     type=click.Path(file_okay=False),
     default=None,
@@ -185,7 +192,7 @@ def main(log_level: str | None) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the final report's summary as one JSON object.")
 @click.pass_context
-def demo(ctx, duration, target, no_target, rollout_peers, report_dir, eval_every, eval_n, as_json) -> None:
+def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, eval_every, eval_n, as_json) -> None:
     """Run a whole local swarm (host, learner, rollout peers) on the bundled tiny model until it learns the task."""
     import logging
     import os
@@ -200,6 +207,7 @@ def demo(ctx, duration, target, no_target, rollout_peers, report_dir, eval_every
         duration=duration,
         target=None if no_target else target,
         rollout_peers=rollout_peers,
+        learners=learners,
         report_dir=Path(report_dir).expanduser() if report_dir else None,
         eval_every=eval_every,
         eval_n=eval_n,

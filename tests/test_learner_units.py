@@ -322,3 +322,109 @@ def test_the_fetcher_reads_every_group_published_into_its_window_once(setup):
         fetcher.poll()
         polls += 1
     assert found == [(3, 10)] and 1 < polls <= _Fetcher.FULL_EVERY, "read by the next whole-window read"
+
+
+# --- an update in shares (several learners, peer.roles.update) -------------------------------------------------------
+
+
+def test_shares_combined_by_tokens_are_the_whole_batch_gradient_and_replay_bit_for_bit(setup):
+    from peer.model.adapter import adapter_to_bytes, lora_parameters
+    from peer.roles.update import (
+        apply_gradient,
+        combine,
+        share_gradient,
+        tensors_from_bytes,
+        tensors_to_bytes,
+    )
+
+    groups = [g for g in setup.groups[A] if len(set(g.rewards)) > 1][:4]
+    if len(groups) < 4:
+        pytest.skip("too few sampled groups with unequal rewards")
+    chosen = [SimpleNamespace(owner=A, group=g) for g in groups]
+    pad, cpu = setup.tokenizer.pad_token_id, torch.device("cpu")
+    assert setup.spec.lora.dropout == 0.0  # the same rows give the same gradient
+
+    def grad_of(part):
+        return share_gradient(setup.model, batch_tensors(part, 1, setup.spec, pad, cpu), setup.spec)
+
+    whole = grad_of(chosen)
+    halves = combine([grad_of(chosen[:1]), grad_of(chosen[1:])])
+    assert halves.tokens == whole.tokens and halves.stats["rows"] == whole.stats["rows"]
+    for a, b in zip(whole.grads, halves.grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4), float((a - b).abs().max())
+    assert any(float(g.abs().max()) > 0 for g in whole.grads), "no gradient at all: the check would be empty"
+
+    # a helper applying the leader's clipped gradient through the same AdamW state gets the same adapter bytes
+    params = lora_parameters(setup.model)
+    start = [p.detach().clone() for p in params]
+    leader = torch.optim.AdamW(params, lr=2e-3)
+    applied = [g.clone() for g in halves.grads]
+    apply_gradient(setup.model, leader, applied, 1.0)
+    leader_bytes = adapter_to_bytes(setup.model)
+    with torch.no_grad():
+        for p, v in zip(params, start, strict=True):
+            p.copy_(v)
+    helper = torch.optim.AdamW(params, lr=2e-3)
+    apply_gradient(setup.model, helper, tensors_from_bytes(tensors_to_bytes(applied), params), None)
+    assert adapter_to_bytes(setup.model) == leader_bytes
+    with pytest.raises(ValueError, match="expected"):
+        tensors_from_bytes(tensors_to_bytes([t[:1] for t in applied]), params)
+    with pytest.raises(ValueError, match="tensors"):
+        tensors_from_bytes(tensors_to_bytes(applied[:-1]), params)
+    with pytest.raises(ValueError, match="unreadable"):
+        tensors_from_bytes(b"not safetensors", params)
+
+
+def test_split_and_who_wins():
+    from peer.roles.team import wins
+    from peer.roles.teamwork import _split
+
+    assert _split(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert _split([1], 2) == [[1], []] and _split([], 1) == [[]]
+    assert wins((5, "b"), (4, "a")) and wins((5, "a"), (5, "b")) and not wins((5, "b"), (5, "a"))
+
+
+def test_the_leaders_answers_to_a_helper(setup):
+    """The team protocol's leader side on its own: state, steps, a task, a redirect, a refusal."""
+    import asyncio
+    import threading
+    import time
+
+    from peer.roles.team import Lead, check_step
+
+    lead = Lead("leader")
+    lead.lead(3, SHA0)
+
+    def ask(version, sha, need_state=False):
+        request = {"op": "work", "version": version, "sha": sha, "need_state": need_state}
+        return asyncio.run(lead.handle("helper", request))
+
+    def offer():  # the learner's loop answers a wanted snapshot
+        for _ in range(200):
+            if lead.snapshot_wanted.is_set():
+                lead.offer_snapshot({"version": 3, "sha": SHA0, "adapter": b"a", "optimizer": b"o", "intake": {}})
+                return
+            time.sleep(0.005)
+
+    t = threading.Thread(target=offer)
+    t.start()
+    got = ask(3, SHA0, need_state=True)  # just joined: the whole state even though v3 is in the lineage
+    t.join()
+    assert got["state"]["version"] == 3 and got["members"] == ["leader", "helper"]
+    step = {"version": 4, "parent": SHA0, "sha": SHA1, "size": 10, "grads": b"g", "intake": {}, "record": {}}
+    lead.advance(check_step(step))
+    assert ask(3, SHA0)["steps"] == [step]  # behind by one: the step
+    assert lead.helpers() == ["helper"]
+    task_id = lead.assign("helper", [{"owner": A, "group": b"packed"}])
+    assert ask(4, SHA1)["task"]["id"] == task_id
+    answer = asyncio.run(
+        lead.handle("helper", {"op": "result", "task": task_id, "grads": b"g", "tokens": 3, "stats": {}})
+    )
+    assert answer == {"ok": True} and lead.results.get_nowait()[:2] == ("helper", task_id)
+    with pytest.raises(ValueError):
+        check_step({**step, "sha": "nope"})
+    lead.refuse("helper", "its gradient differs")
+    assert ask(4, SHA1) == {"refused": "its gradient differs"}
+    lead.follow("other")
+    assert asyncio.run(lead.handle("x", {"op": "probe"}))["leader"] == "other"
+    assert asyncio.run(lead.handle("x", {"op": "work", "version": 4, "sha": SHA1})) == {"leader": "other"}

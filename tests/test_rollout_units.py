@@ -485,7 +485,7 @@ def test_an_unknown_adapter_version_is_refused(rollout_setup):
     r = rollout_setup
     g = r.groups[0]
     assert _refusal(r, g, known_adapter=lambda v: None).reason == "version"
-    assert _refusal(r, g, known_adapter=lambda v: SHA_X).reason == "version"  # known, other bytes
+    assert _refusal(r, g, known_adapter=lambda v: SHA_X).reason == "lineage"  # known version, other bytes
 
 
 def test_the_wrong_group_size_is_refused(rollout_setup):

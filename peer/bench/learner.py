@@ -131,7 +131,7 @@ def main(argv=None) -> dict:
                 optimizer = torch.optim.AdamW(params, lr=config.lr)
                 t0, ends = time.perf_counter(), []
                 for version, chosen in learner.updates:
-                    batch = batch_tensors(chosen, version, s.spec, learner._pad_id(), s.device)
+                    batch = batch_tensors(chosen, version, s.spec, learner.pad_id(), s.device)
                     learn_step(s.model, batch, s.spec, optimizer, config.max_grad_norm)
                     ends.append(time.perf_counter())
                 bare.append((ends[-1] - t0, ends[-1] - ends[0]))

@@ -30,6 +30,7 @@ class DemoConfig:
     duration: float = 300.0  # seconds, start-up included
     target: float | None = 0.8  # stop once held-out exact match reaches it; None: run for the whole duration
     rollout_peers: int = 2
+    learners: int = 1
     report_dir: Path | None = None  # default: ./hivegrpo-demo-YYYYmmdd-HHMMSS
     eval_every: float = 15.0
     eval_n: int = 500
@@ -42,6 +43,8 @@ class DemoConfig:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
         if self.rollout_peers < 1:
             raise ValueError(f"rollout_peers must be >= 1, got {self.rollout_peers}")
+        if self.learners < 1:
+            raise ValueError(f"learners must be >= 1, got {self.learners}")
         if self.eval_n < 1 or not self.eval_every > 0:
             raise ValueError("eval_n must be >= 1 and eval_every positive")
 
@@ -74,7 +77,12 @@ def run_demo(config: DemoConfig, live: bool | None = None) -> dict:
     snapshot, stopped, reason = None, [], "time limit"
     with tempfile.TemporaryDirectory(prefix="hivegrpo-demo-") as tmp:
         swarm = LocalSwarm(
-            Path(tmp), report_dir / "logs", run_id=config.run_id, rollout_peers=config.rollout_peers, ledger=ledger
+            Path(tmp),
+            report_dir / "logs",
+            run_id=config.run_id,
+            rollout_peers=config.rollout_peers,
+            ledger=ledger,
+            learners=config.learners,
         )
         observer = None
         display = Live(console=console, refresh_per_second=2, transient=False) if live else None
@@ -126,6 +134,7 @@ def run_demo(config: DemoConfig, live: bool | None = None) -> dict:
                 observer.close()
             codes = swarm.stop()
         learner = swarm.learner.result() if swarm.learner else None
+        helpers = [c.result() for c in swarm.learners[1:]]
         rollouts = {c.name: c.result() for c in swarm.rollouts}
     final = evaluations[-1]
     report = {
@@ -142,6 +151,7 @@ def run_demo(config: DemoConfig, live: bool | None = None) -> dict:
         "updates": read_ledger(ledger, started_wall),
         "rollout_throughput": throughput,
         "learner": learner,
+        "helpers": helpers,
         "rollout": rollouts,
         "exit_codes": codes,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},

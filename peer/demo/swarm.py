@@ -21,6 +21,7 @@ from pathlib import Path
 from peer.errors import UserError
 
 LOOPBACK = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay"]
+LEARNER_STAGGER = 3.0  # s between starting the learners of a team
 ROLLOUT_NICE = 10  # rollout peers use the CPU the learner leaves (on 2 cores the learner is the bottleneck)
 ROLLOUT_ARGS = ["--batch-size", "8"]  # a peer swaps adapters between batches: smaller ones follow sooner
 STOP_GRACE = 60.0  # seconds a child gets to finish after SIGTERM
@@ -82,13 +83,17 @@ class Child:
 
 
 class LocalSwarm:
-    """Start with :meth:`start`; :meth:`stop` ends rollout peers, then the learner, then the host."""
+    """Start with :meth:`start`; :meth:`stop` ends rollout peers, then the learners, then the host.
 
-    def __init__(self, root: Path, logs: Path, *, run_id: str, rollout_peers: int, ledger: Path):
+    With ``learners`` > 1 they form one team (:mod:`peer.roles.team`): the first leads, the others help; each
+    writes its own ledger (``ledger``, then ``ledger-2.jsonl`` ... beside it), every one of them the whole lineage.
+    """
+
+    def __init__(self, root: Path, logs: Path, *, run_id: str, rollout_peers: int, ledger: Path, learners: int = 1):
         self.root, self.logs, self.run_id = root, logs, run_id
-        self.rollout_count, self.ledger = rollout_peers, ledger
+        self.rollout_count, self.ledger, self.learner_count = rollout_peers, ledger, learners
         self.host: Child | None = None
-        self.learner: Child | None = None
+        self.learners: list[Child] = []
         self.rollouts: list[Child] = []
         self.info: dict = {}
 
@@ -108,8 +113,13 @@ class LocalSwarm:
         joining = ["--run-id", self.run_id, "--coordinator", self.info["coordinator"], *LOOPBACK, "--json"]
         for maddr in self.info["initial_peers"]:
             joining += ["--initial-peers", maddr]
-        learner = ["learn", *joining, "--cache-dir", str(self.root / "learner"), "--ledger", str(self.ledger)]
-        self.learner = Child("learner", learner, self.logs)
+        for i in range(self.learner_count):
+            name = "learner" if i == 0 else f"learner-{i + 1}"
+            ledger = self.ledger if i == 0 else self.ledger.with_name(f"{self.ledger.stem}-{i + 1}.jsonl")
+            learner = ["learn", *joining, "--cache-dir", str(self.root / name), "--ledger", str(ledger)]
+            self.learners.append(Child(name, learner, self.logs))
+            if i + 1 < self.learner_count:
+                time.sleep(LEARNER_STAGGER)  # a later learner then finds the first one leading, and helps it
         for i in range(self.rollout_count):
             name = f"rollout-{i + 1}"
             rollout = ["join", *joining, "--cache-dir", str(self.root / name)]
@@ -118,23 +128,29 @@ class LocalSwarm:
         return self
 
     @property
+    def learner(self) -> Child | None:
+        """The first learner (the one that leads, unless it died)."""
+        return self.learners[0] if self.learners else None
+
+    @property
     def children(self) -> list[Child]:
-        return [c for c in (*self.rollouts, self.learner, self.host) if c is not None]
+        return [c for c in (*self.rollouts, *self.learners, self.host) if c is not None]
 
     def check(self) -> list[str]:
-        """Raise if the host or the learner died; name the rollout peers that died (the swarm goes on without)."""
-        for child in (self.host, self.learner):
+        """Raise if the host or every learner died; name the other peers that died (the swarm goes on without)."""
+        live_learners = [c for c in self.learners if c.alive]
+        for child in (self.host, *([] if live_learners else self.learners[:1])):
             if child is not None and not child.alive:
                 raise UserError(
                     f"the demo's {child.name} exited with code {child.process.returncode} (log {child.log}):\n"
                     f"{child.tail()}"
                 )
-        return [c.name for c in self.rollouts if not c.alive]
+        return [c.name for c in (*self.rollouts, *self.learners) if not c.alive]
 
     def stop(self) -> dict[str, int]:
         """Stop every child that is still running, in order; their exit codes by name."""
         codes = {}
-        for group in (self.rollouts, [self.learner], [self.host]):
+        for group in (self.rollouts, self.learners, [self.host]):
             live = [c for c in group if c is not None]
             for c in live:
                 c.terminate()

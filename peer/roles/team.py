@@ -200,7 +200,8 @@ class Lead:
                 else:
                     task = self._tasks.pop(peer, None)
                     answer = None if task is None or task["version"] != version else {"task": task}
-                self._helpers[peer][1] = time.monotonic()
+                now = time.monotonic()
+                self._helpers.setdefault(peer, [now, now])[1] = now
             if answer is not None:
                 self.stats[next(iter(answer))] += 1
                 return {**answer, "members": members}

@@ -1,0 +1,432 @@
+"""A learner's part in its team (:mod:`peer.roles.team`): finding the leader, leading or helping, taking over.
+
+:class:`Teamwork` belongs to one :class:`~peer.roles.learner.LearnerPeer` and works on its model, optimizer and
+intake (``self.peer``): the learner's loop asks it who leads (:attr:`Teamwork.leader`, None when this learner
+does), lets it run a helper's turn (:meth:`Teamwork.help_once`), and, leading, has it compute an update's
+gradient in shares (:meth:`Teamwork.gradient`) and hand the step made to the helpers (:meth:`Teamwork.stepped`).
+See docs/learner.md, "Several learners".
+"""
+
+from __future__ import annotations
+
+import io
+import queue
+import random
+import time
+from collections import Counter
+
+import torch
+
+from peer.errors import UserError
+from peer.log import get_logger
+from peer.model.adapter import adapter_to_bytes, load_adapter_bytes, lora_parameters, sha256_hex
+from peer.protocol import GroupRecord, pack, unpack
+from peer.roles import team
+from peer.roles.adapters import announcements
+from peer.roles.intake import Accepted
+from peer.roles.update import (
+    Share,
+    apply_gradient,
+    batch_tensors,
+    combine,
+    share_gradient,
+    tensors_from_bytes,
+    tensors_to_bytes,
+)
+
+logger = get_logger("hivegrpo.roles.learner")  # one log for the learner, as a user reads it
+
+RIVAL_CHECK_EVERY = 5.0  # s between a leader's looks for another learner leading a lineage of its own
+TAKEOVER_WAIT = 10.0  # s a helper waits for the next member to notice that the leader is gone
+HELPER_MIN_WAIT = 1.0  # s the leader waits at least for its helpers' gradients ...
+HELPER_WAIT_FACTOR = 3.0  # ... or this many times its own share's time; a late share is computed by the leader
+HELPER_PROBATION = 2  # a helper's first results are all recomputed by the leader (then: check_rate of them)
+GRADIENT_TOLERANCE = 1e-3  # largest difference of a helper's gradient from the leader's, relative to its size
+
+
+class Teamwork:
+    """See the module docstring; :meth:`start` once the learner holds its adapter and optimizer state."""
+
+    def __init__(self, peer):
+        self.peer = peer
+        self.me = ""
+        self.lead: team.Lead | None = None
+        self.client: team.TeamClient | None = None
+        self.leader: str | None = None  # the learner this one helps (None: it leads)
+        self.members: list[str] = []  # the team as the leader last said, leader first
+        self.counts: Counter = Counter()
+        self._bans_told = 0  # bans already passed on to helpers in a step
+        self._helper_results: Counter = Counter()  # helper -> results received (its first ones are all checked)
+        self._rng = random.Random()
+        self._failed_calls = 0
+        self._synced = False  # holds the team's AdamW state (from a state, or by having led)
+        self._next_rival_check = 0.0
+        self._unreachable: dict[str, float] = {}  # learner -> until when not to probe it again
+
+    def start(self, closers) -> None:
+        """Serve the team protocol, then lead or help whoever leads."""
+        s = self.peer.session
+        self.me = str(s.swarm.peer_id)
+        self.lead = team.Lead(self.me, s.swarm.access)
+        self.client = team.TeamClient(s.blobs, s.blobs.invite)
+        team.serve(s.blobs, self.lead)
+        closers.add(lambda: team.unserve(s.blobs, self.lead))
+        leader = self.find_leader()
+        if leader is None:
+            self.take_lead("no other learner leads this run")
+        else:
+            self.follow(leader)
+
+    def leader_turn(self) -> None:
+        """What a leader does besides updating: a helper wants the state, another learner may lead too."""
+        if self.lead.snapshot_wanted.is_set():
+            self.lead.offer_snapshot(self.peer.snapshot())
+        if time.monotonic() >= self._next_rival_check:
+            self.check_rivals()
+
+    def summary(self) -> dict:
+        return {
+            "leading": self.leader is None,
+            "leader": self.leader or self.me,
+            "members": len(self.members),
+            **{k: int(v) for k, v in sorted(self.counts.items())},
+            **{f"served_{k}": int(v) for k, v in sorted(self.lead.stats.items())},
+        }
+
+    def heartbeat_stats(self) -> dict[str, float]:
+        leading = self.leader is None
+        return {"leading": 1.0 if leading else 0.0, "helpers": float(len(self.lead.helpers())) if leading else 0.0}
+
+    # --- leading: an update in shares ------------------------------------------------------------------------------
+
+    def gradient(self, chosen: list[Accepted]) -> tuple[Share | None, dict]:
+        """The update's gradient over ``chosen``: a share for each helper, the rest here; and what sharing cost."""
+        c = self.peer.config
+        t0 = time.perf_counter()
+        helpers = self.lead.helpers()
+        parts = _split(chosen, len(helpers) + 1)
+        tasks: dict[int, tuple[str, list[Accepted]]] = {}
+        for helper, part in zip(helpers, parts[1:], strict=True):
+            if part:
+                groups = [{"owner": a.owner, "group": pack(a.group)} for a in part]
+                tasks[self.lead.assign(helper, groups)] = (helper, part)
+        shares = [self.peer.share(parts[0])]
+        own_seconds = time.perf_counter() - t0
+        received = self.collect(tasks, time.monotonic() + max(HELPER_MIN_WAIT, HELPER_WAIT_FACTOR * own_seconds))
+        waited = time.perf_counter() - t0 - own_seconds
+        for task_id, (helper, part) in tasks.items():
+            share = received.get(task_id)
+            if share is None:
+                self.lead.withdraw(helper)
+                self.counts["shares_late"] += 1
+                share = self.peer.share(part)
+            elif self._helper_results[helper] <= HELPER_PROBATION or self._rng.random() < c.check_rate:
+                share = self.check_helper(helper, part, share)
+            shares.append(share)
+            self._helper_results[helper] += 1
+        cost = {"helpers": len(tasks)}
+        if tasks:  # what sharing cost: the leader's own share, then the wait for (or recomputing of) the others'
+            cost |= {"share_seconds": round(own_seconds, 4), "wait_seconds": round(waited, 4)}
+        return combine(shares), cost
+
+    def stepped(self, chosen: list[Accepted], grads, blob: bytes, parent: str, record: dict) -> None:
+        """Version ``record["version"]`` is made: the helpers get its step on their next request."""
+        banned = list(self.peer.intake.banned.items())
+        self.lead.advance(
+            {
+                "version": record["version"],
+                "parent": parent,
+                "sha": record["sha256"],
+                "size": len(blob),
+                "grads": tensors_to_bytes(grads),
+                "intake": {
+                    "used": _used_of(chosen),
+                    "banned": {o.hex(): why for o, why in banned[self._bans_told :]},
+                },
+                "record": dict(record, ids=[list(a.id) for a in chosen]),
+            }
+        )
+        self._bans_told = len(banned)
+
+    def find_leader(self) -> str | None:
+        """The leader of the run's learners (the best one if several lead), or None: the learners announcing adapters
+        and those with a heartbeat are asked, twice a second apart (a record may not have reached this peer yet)."""
+        from peer.network.heartbeat import live_peers
+
+        s = self.peer.session
+        for attempt in range(2):
+            others = {r.learner for _, r in announcements(s.swarm) if r.version > 0}
+            others |= {p.record.peer_id for p in live_peers(s.swarm, "learner")}
+            others.discard(self.me)
+            best: tuple[int, str] | None = None
+            for peer in sorted(others):
+                answer = self._probe(peer)
+                if answer is None:
+                    continue
+                hint = answer.get("leader")
+                if not answer.get("leading") and isinstance(hint, str) and hint != self.me:
+                    peer, answer = hint, self._probe(hint)
+                leads = answer and answer.get("leading") and isinstance(answer.get("version"), int)
+                if leads and (best is None or team.wins((answer["version"], peer), best)):
+                    best = (answer["version"], peer)
+            if best is not None:
+                if team.wins((s.version, self.me), best):
+                    return None  # this learner holds a newer version (a checkpoint): it leads, the other follows it
+                return best[1]
+            if attempt == 0 and others:
+                self.peer.stop_event.wait(1.0)
+        return None
+
+    def _probe(self, peer: str) -> dict | None:
+        if self._unreachable.get(peer, 0) > time.monotonic():
+            return None
+        try:
+            return self.client.probe(peer)
+        except Exception as e:  # not a learner (the host), gone, or unreachable: not a leader to follow
+            logger.debug("probing learner %s: %s", peer, e)
+            self._unreachable[peer] = time.monotonic() + 60.0
+            return None
+
+    def take_lead(self, why: str) -> None:
+        s = self.peer.session
+        self.lead.lead(s.version, s.sha)
+        self.leader, self.members, self._synced = None, [self.me], True
+        self._bans_told = len(self.peer.intake.banned)
+        self._next_rival_check = time.monotonic() + RIVAL_CHECK_EVERY
+        self.peer.start_fetcher()
+        self.counts["led"] += 1
+        logger.info("leading the learners at v%d (%s)", s.version, why)
+        self.peer.beat()
+
+    def follow(self, leader: str, same_team: bool = False) -> None:
+        """Help ``leader``; ``same_team``: it took over the team this one was in (so they hold the same state)."""
+        self.peer.stop_fetcher()
+        self.lead.follow(leader)
+        self.leader, self._failed_calls = leader, 0
+        self._synced = self._synced and same_team
+        self.counts["followed"] += 1
+        logger.info("helping learner %s, which leads", leader)
+        self.peer.beat()
+
+    def help_once(self) -> None:
+        """One request to the leader, and what its answer says to do (catch up, take a share, ask elsewhere)."""
+        s = self.peer.session
+        try:
+            answer = self.client.work(self.leader, s.version, s.sha, need_state=not self._synced)
+        except Exception as e:  # the network boundary: the leader may be gone
+            self._leader_unreachable(e)
+            return
+        self._failed_calls = 0
+        if isinstance(answer.get("members"), list):
+            self.members = [m for m in answer["members"] if isinstance(m, str)][:64]
+        if "refused" in answer:
+            raise UserError(f"the leading learner refuses this learner's work: {str(answer['refused'])[:200]}")
+        if "leader" in answer:  # it does not lead (any more)
+            hint = answer["leader"]
+            if isinstance(hint, str) and hint not in (self.leader, self.me):
+                self.follow(hint, same_team=True)
+            else:
+                self._succeed(f"learner {self.leader} stopped leading")
+            return
+        if "state" in answer:
+            self._adopt_state(answer["state"])
+        for step in answer.get("steps", []):
+            self._apply_step(team.check_step(step))
+        if "task" in answer:
+            self._do_task(answer["task"])
+
+    def _leader_unreachable(self, error: Exception) -> None:
+        self._failed_calls += 1
+        logger.warning("the leading learner %s did not answer: %s", self.leader, error)
+        if self._failed_calls < 2:
+            self.peer.stop_event.wait(0.5)
+            return
+        self._succeed(f"learner {self.leader} is unreachable")
+
+    def _succeed(self, why: str) -> None:
+        """The leader is gone: the first member alive after it leads (this one, or one it then follows)."""
+        gone = self.leader
+        for member in [m for m in self.members if m != gone]:
+            if member == self.me:
+                self.take_lead(why)
+                return
+            deadline = time.monotonic() + TAKEOVER_WAIT
+            while time.monotonic() < deadline and not self.peer.stop_event.is_set():
+                self._unreachable.pop(member, None)
+                answer = self._probe(member)
+                if answer is None:
+                    break  # gone too: the next one
+                if answer.get("leading"):
+                    self.follow(member, same_team=True)
+                    return
+                hint = answer.get("leader")
+                if isinstance(hint, str) and hint not in (gone, self.me, member) and self._probe(hint):
+                    self.follow(hint, same_team=True)
+                    return
+                self.peer.stop_event.wait(0.5)  # alive, not leading yet: it has not noticed
+        self.take_lead(why)
+
+    def _adopt_state(self, state: dict) -> None:
+        """Take the leader's whole state (this learner was not in its recent lineage)."""
+        s = self.peer.session
+        try:
+            version, sha, blob = int(state["version"]), str(state["sha"]), bytes(state["adapter"])
+            optimizer_state = torch.load(io.BytesIO(bytes(state["optimizer"])), weights_only=True)
+            intake_state = dict(state["intake"])
+        except Exception as e:  # whatever came over the wire: refuse it, ask again
+            logger.warning("the leader's state is unreadable (%s); asking again", e)
+            return
+        if version < s.version:  # this learner holds a newer version: it leads, and the other will follow it
+            self.take_lead(f"v{s.version} is newer than the leader's v{version}")
+            return
+        s.swap(version, sha, blob)
+        self.peer.optimizer.load_state_dict(optimizer_state)
+        self._synced = True
+        self.peer.intake.pool.clear()
+        self.peer.intake.pending_checks()
+        self.peer.intake.known.clear()
+        self.peer.intake.restore(intake_state)
+        self.peer.window.clear()
+        self.peer.remember(version, sha)
+        self.peer.parent_of_resumed = str(state.get("parent") or "")
+        self.peer.announcer.submit(version, blob, self.peer.parent_of_resumed, None)
+        self.counts["states"] += 1
+        logger.info("took the leading learner's state at v%d", version)
+        self.peer.beat()
+
+    def _apply_step(self, step: dict) -> None:
+        """Apply the leader's update: its clipped gradient through this learner's (identical) AdamW."""
+        s = self.peer.session
+        if step["version"] != s.version + 1 or (step.get("parent") or "") != s.sha:
+            logger.warning("step v%d does not follow v%d here: asking the leader again", step["version"], s.version)
+            return
+        t0 = time.perf_counter()
+        grads = tensors_from_bytes(step["grads"], lora_parameters(s.model))
+        apply_gradient(s.model, self.peer.optimizer, grads, None)
+        blob = adapter_to_bytes(s.model)
+        sha = sha256_hex(blob)
+        if sha != step["sha"]:  # a different torch build rounds differently: take the leader's adapter as it is
+            self.counts["drifted"] += 1
+            logger.warning(
+                "v%d made here hashes to %s…, the leader's to %s…: taking the leader's",
+                step["version"],
+                sha[:12],
+                step["sha"][:12],
+            )
+            blob = s.fetch_adapter(step["sha"], step["size"], [self.leader])
+            load_adapter_bytes(s.model, blob, step["sha"])
+            sha = step["sha"]
+        self.peer.intake.restore(step["intake"])
+        self.counts["steps"] += 1
+        record = dict(step["record"], applied_seconds=round(time.perf_counter() - t0, 4))
+        self.peer.advance(step.get("parent") or "", sha, blob, record, None)
+
+    def _do_task(self, task: dict) -> None:
+        """Compute the gradient of the leader's share for this learner and send it back."""
+        s = self.peer.session
+        try:
+            groups = [Accepted(bytes(g["owner"]), unpack(GroupRecord, bytes(g["group"]))) for g in task["groups"]]
+            task_id = int(task["id"])
+        except Exception as e:  # from the leader, but over the wire: refuse it
+            logger.warning("an unreadable share from the leader (%s)", e)
+            return
+        share = share_gradient(s.model, batch_tensors(groups, s.version, s.spec, self.peer.pad_id(), s.device), s.spec)
+        if share is None:
+            params = lora_parameters(s.model)
+            share = Share([torch.zeros_like(p) for p in params], 0, {})
+        try:
+            self.client.result(self.leader, task_id, tensors_to_bytes(share.grads), share.tokens, share.stats)
+            self.counts["shares"] += 1
+        except Exception as e:  # the leader will compute the share itself
+            logger.warning("could not send a share's gradient to the leader: %s", e)
+
+    def check_rivals(self) -> None:
+        """Another learner leading a lineage of its own (two started at once)? The better one stays leader."""
+        self._next_rival_check = time.monotonic() + RIVAL_CHECK_EVERY
+        s = self.peer.session
+        from peer.network.heartbeat import live_peers
+
+        mine = {v: sha for v, (sha, _) in self.peer.window.items()}
+        helpers = set(self.lead.helpers())
+        alive = {p.record.peer_id for p in live_peers(s.swarm, "learner")}  # a dead one's announcement lingers
+        for _, r in announcements(s.swarm):
+            if (
+                r.learner not in alive
+                or r.learner in helpers
+                or r.learner == self.me
+                or mine.get(r.version) == r.sha256
+            ):
+                continue
+            if r.version < s.version - team.KEEP_STEPS:
+                continue
+            answer = self._probe(r.learner)
+            leads = answer and answer.get("leading") and isinstance(answer.get("version"), int)
+            if leads and team.wins((answer["version"], r.learner), (s.version, self.me)):
+                logger.warning("learner %s leads another lineage, at v%d: following it", r.learner, answer["version"])
+                self.follow(r.learner)
+                return
+
+    def collect(self, tasks: dict, deadline: float) -> dict[int, Share]:
+        """The helpers' gradients for ``tasks`` that arrive before ``deadline`` (checked; late ones are ignored)."""
+        params = lora_parameters(self.peer.session.model)
+        received: dict[int, Share] = {}
+        while len(received) < len(tasks):
+            try:
+                peer, task_id, grads, tokens, stats = self.lead.results.get(
+                    timeout=max(0.0, deadline - time.monotonic())
+                )
+            except queue.Empty:
+                break
+            if task_id not in tasks or tasks[task_id][0] != peer:
+                continue  # an answer to a task already done here
+            try:
+                names = ("loss", "clip_fraction", "ratio_mean", "ratio_max")
+                stats = {**{k: float(stats[k]) for k in names}, "rows": int(stats["rows"])} if tokens else {}
+                received[task_id] = Share(tensors_from_bytes(grads, params), tokens, stats)
+            except (KeyError, TypeError, ValueError) as e:
+                logger.warning("learner %s sent an unreadable gradient (%s): computing its share here", peer, e)
+        return received
+
+    def check_helper(self, helper: str, part: list[Accepted], share: Share) -> Share | None:
+        """Recompute a helper's share here; a gradient that differs means it no longer helps this team."""
+        self.counts["helper_checks"] += 1
+        mine = self.peer.share(part)
+        if _same_gradient(mine, share):
+            return mine
+        self.counts["helpers_refused"] += 1
+        why = "its gradient differs from the one recomputed by the leader"
+        logger.warning("refusing learner %s: %s", helper, why)
+        self.lead.refuse(helper, why)
+        return mine
+
+
+def _split(items: list, n: int) -> list[list]:
+    """``items`` in ``n`` consecutive parts whose sizes differ by at most one (the first ones are the larger)."""
+    size, extra = divmod(len(items), n)
+    parts, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        parts.append(items[start:end])
+        start = end
+    return parts
+
+
+def _used_of(chosen: list[Accepted]) -> dict[str, list[list[int]]]:
+    """The seqs an update used, in the form of :meth:`Intake.state` (helpers restore it)."""
+    used: dict[str, list[list[int]]] = {}
+    for a in chosen:
+        used.setdefault(a.owner.hex(), []).append([a.group.seq, a.group.version])
+    return used
+
+
+def _same_gradient(a: Share | None, b: Share) -> bool:
+    if a is None:
+        return b.tokens == 0
+    if a.tokens != b.tokens:
+        return False
+    scale = max(float(g.abs().max()) for g in a.grads) + 1e-8
+    worst = max(float((x - y).abs().max()) for x, y in zip(a.grads, b.grads, strict=True))
+    return worst <= GRADIENT_TOLERANCE * scale
+
+
+__all__ = ["Teamwork"]
