@@ -428,3 +428,19 @@ def test_the_leaders_answers_to_a_helper(setup):
     lead.follow("other")
     assert asyncio.run(lead.handle("x", {"op": "probe"}))["leader"] == "other"
     assert asyncio.run(lead.handle("x", {"op": "work", "version": 4, "sha": SHA1})) == {"leader": "other"}
+
+
+def test_a_private_swarms_leader_answers_only_invited_learners():
+    import asyncio
+
+    from peer.roles.team import Lead
+
+    access = SimpleNamespace(
+        check=lambda invite: None if invite == "hgi1.good" else "no invite: this swarm is private"
+    )
+    lead = Lead("leader", access)
+    lead.lead(0, SHA0)
+    refused = asyncio.run(lead.handle("stranger", {"op": "probe"}))
+    assert refused["error"].startswith("not authorized (no invite")
+    assert asyncio.run(lead.handle("member", {"op": "probe", "invite": "hgi1.good"}))["leading"] is True
+    assert lead.helpers() == []  # the stranger was never taken for a helper
