@@ -279,8 +279,12 @@ class Teamwork:
         if version < s.version:  # this learner holds a newer version: it leads, and the other will follow it
             self.take_lead(f"v{s.version} is newer than the leader's v{version}")
             return
-        s.swap(version, sha, blob)
-        self.peer.optimizer.load_state_dict(optimizer_state)
+        try:
+            s.swap(version, sha, blob)  # checks the blob before it changes anything
+            self.peer.optimizer.load_state_dict(optimizer_state)
+        except (ValueError, KeyError, RuntimeError) as e:  # AdapterError is a ValueError
+            logger.warning("the leader's state does not fit this learner (%s); asking again", e)
+            return
         self._synced = True
         self.peer.intake.pool.clear()
         self.peer.intake.pending_checks()
@@ -301,7 +305,12 @@ class Teamwork:
             logger.warning("step v%d does not follow v%d here: asking the leader again", step["version"], s.version)
             return
         t0 = time.perf_counter()
-        grads = tensors_from_bytes(step["grads"], lora_parameters(s.model))
+        try:
+            grads = tensors_from_bytes(step["grads"], lora_parameters(s.model))
+        except ValueError as e:
+            self._synced = False  # the next request asks for the whole state instead
+            logger.warning("the leader's step v%d is unreadable (%s); asking for its state", step["version"], e)
+            return
         apply_gradient(s.model, self.peer.optimizer, grads, None)
         blob = adapter_to_bytes(s.model)
         sha = sha256_hex(blob)
@@ -313,8 +322,14 @@ class Teamwork:
                 sha[:12],
                 step["sha"][:12],
             )
-            blob = s.fetch_adapter(step["sha"], step["size"], [self.leader])
-            load_adapter_bytes(s.model, blob, step["sha"])
+            try:
+                blob = s.fetch_adapter(step["sha"], step["size"], [self.leader])
+                load_adapter_bytes(s.model, blob, step["sha"])
+            except Exception as e:  # the network boundary, or a bad blob: this learner no longer holds the lineage
+                self._synced = False
+                load_adapter_bytes(s.model, s.blob, s.sha)  # back to the version it held; the state comes next
+                logger.warning("could not take the leader's v%d (%s); asking for its state", step["version"], e)
+                return
             sha = step["sha"]
         self.peer.intake.restore(step["intake"])
         self.counts["steps"] += 1
