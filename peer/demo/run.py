@@ -3,7 +3,8 @@
 The clock starts before the first process does, so the reported seconds include every start-up. Every
 ``eval_every`` seconds the observer evaluates the newest adapter it holds (a version it has not evaluated yet);
 the demo stops when an evaluation reaches ``target``, at ``duration``, or at ^C. The final adapter is the one of
-the last evaluation (evaluated again at the end if a newer version arrived since), written to ``adapter.safetensors``
+the last evaluation (at the time limit or ^C, the newest version, evaluated again if it is newer; at the target,
+the version that reached it), written to ``adapter.safetensors``
 so ``hivegrpo eval --adapter`` can check ``final_exact_match`` independently.
 """
 
@@ -125,9 +126,11 @@ def run_demo(config: DemoConfig, live: bool | None = None) -> dict:
                 if display is not None:
                     display.stop()
             seconds = round(time.monotonic() - t0, 2)
-            observer.catch_up()
-            if observer.version != evaluations[-1]["version"]:
-                evaluations.append(_evaluate(observer, config.eval_n, t0))
+            if reason != "target":  # stopped by the clock or ^C: the newest version is the result
+                observer.catch_up()
+                if observer.version != evaluations[-1]["version"]:
+                    evaluations.append(_evaluate(observer, config.eval_n, t0))
+            # stopped at the target: the version that reached it is the result (a newer one may score less)
             (report_dir / "adapter.safetensors").write_bytes(observer.session.blob)
         finally:
             if observer is not None:
