@@ -145,9 +145,11 @@ def test_status_web_page_and_a_swarm_that_outlives_its_coordinator(tmp_path, pro
 
     def plotted():
         h = json.loads(get(web + "api/history"))
-        return h if len(h["points"]) >= 3 and len({e["adapter_version"] for e in h["evaluations"]}) >= 2 else None
+        rewarded = [p for p in h["points"] if p["reward_mean"] is not None]  # polled after the learner's metrics
+        measured = {e["adapter_version"] for e in h["evaluations"]}
+        return h if len(h["points"]) >= 3 and len(rewarded) >= 2 and len(measured) >= 2 else None
 
-    history = wait_until(plotted, "three status points and two versions measured", 120, running)
+    history = wait_until(plotted, "three status points, two with a reward, and two versions measured", 120, running)
     measured = [e["adapter_version"] for e in history["evaluations"]]
     assert measured[0] == 0 and measured == sorted(measured), "v0 first, then ever newer versions"
     assert all(0 <= e["exact_match"] <= 1 for e in history["evaluations"])
