@@ -129,9 +129,6 @@ class Lead:
             live = [(t[0], p) for p, t in self._helpers.items() if now - t[1] < ACTIVE_FOR and p not in self._refused]
         return [p for _, p in sorted(live)]
 
-    def members(self) -> list[str]:
-        return [self.me, *self.helpers()]
-
     def assign(self, helper: str, groups: list[dict]) -> int:
         """Hand ``helper`` a share of the current update; returns the task id its result will carry."""
         task_id = next(self._ids)
