@@ -27,9 +27,7 @@ from peer.roles.intake import Accepted
 from peer.roles.update import (
     Share,
     apply_gradient,
-    batch_tensors,
     combine,
-    share_gradient,
     tensors_from_bytes,
     tensors_to_bytes,
 )
@@ -345,7 +343,7 @@ class Teamwork:
         except Exception as e:  # from the leader, but over the wire: refuse it
             logger.warning("an unreadable share from the leader (%s)", e)
             return
-        share = share_gradient(s.model, batch_tensors(groups, s.version, s.spec, self.peer.pad_id(), s.device), s.spec)
+        share = self.peer.share(groups)  # the leader's own computation of a share, here
         if share is None:
             params = lora_parameters(s.model)
             share = Share([torch.zeros_like(p) for p in params], 0, {})
