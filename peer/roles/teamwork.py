@@ -173,6 +173,7 @@ class Teamwork:
                 return best[1]
             if attempt == 0 and others:
                 self.peer.stop_event.wait(1.0)
+                self._unreachable.clear()  # a first dial can fail before this peer knows the other's addresses
         return None
 
     def _probe(self, peer: str) -> dict | None:
