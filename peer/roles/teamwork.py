@@ -168,7 +168,7 @@ class Teamwork:
                 if leads and (best is None or team.wins((answer["version"], peer), best)):
                     best = (answer["version"], peer)
             if best is not None:
-                if team.wins((s.version, self.me), best):
+                if s.version > best[0]:  # a strictly newer version (a checkpoint); the same one is the leader's
                     return None  # this learner holds a newer version (a checkpoint): it leads, the other follows it
                 return best[1]
             if attempt == 0 and others:
