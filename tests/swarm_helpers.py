@@ -1,5 +1,6 @@
 """Helpers for tests that run peers as real processes on loopback (the fixtures are in conftest.py)."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +19,8 @@ class Procs:
     def __init__(self, root: Path):
         self.root = root
         self.procs: list[tuple[subprocess.Popen, Path]] = []
+        self.groups: set[int] = set()  # process groups of new_session processes
+        self.frozen: set[int] = set()
 
     def start(self, name: str, *args: str, new_session: bool = False) -> subprocess.Popen:
         """``python -m peer.cli ARGS`` (the ``hivegrpo`` command)."""
@@ -38,6 +41,8 @@ class Procs:
                 start_new_session=new_session,
             )
         self.procs.append((p, log))
+        if new_session:
+            self.groups.add(p.pid)
         return p
 
     def kill_group(self, p: subprocess.Popen) -> None:
@@ -45,10 +50,22 @@ class Procs:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
 
+    def freeze(self, p: subprocess.Popen) -> None:
+        """SIGSTOP a ``new_session=True`` process with its DHT process and libp2p daemon: a machine that hangs."""
+        os.killpg(p.pid, signal.SIGSTOP)
+        self.frozen.add(p.pid)
+
+    def thaw(self, p: subprocess.Popen) -> None:
+        os.killpg(p.pid, signal.SIGCONT)
+        self.frozen.discard(p.pid)
+
     def log(self, p: subprocess.Popen) -> str:
         return next(log for q, log in self.procs if q is p).read_text()
 
     def stop_all(self) -> None:
+        for pgid in self.frozen:  # a stopped process would never act on SIGTERM
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGCONT)
         for p, _ in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -58,6 +75,9 @@ class Procs:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for pgid in self.groups:  # what a group leader left behind is no longer this process's child
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
 
 
 def wait_until(predicate, what: str, timeout: float = 90.0, procs=()):
@@ -107,3 +127,27 @@ def join_args(info: dict) -> list[str]:
     """The ``--run-id``, ``--coordinator`` and ``--initial-peers`` options the host printed, plus loopback."""
     peers = [a for m in info["initial_peers"] for a in ("--initial-peers", m)]
     return ["--run-id", info["run_id"], "--coordinator", info["coordinator"], *peers, *LOOPBACK]
+
+
+def read_ledger(path: Path) -> list[dict]:
+    """A learner's ``--ledger`` lines (a line cut short by a kill is skipped)."""
+    if not path.exists():
+        return []
+    lines = []
+    for raw in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except json.JSONDecodeError:
+            continue
+    return lines
+
+
+def fingerprint(identity: Path) -> str:
+    """Make the signing key a peer started with ``--identity identity`` will use, and name it (16 hex)."""
+    from hivemind.dht.crypto import RSASignatureValidator
+
+    from peer.network.swarm import load_signing_key
+    from peer.protocol import key_fingerprint
+
+    public = RSASignatureValidator(load_signing_key(str(identity))).local_public_key[len(b"[owner:") : -1]
+    return key_fingerprint(public)

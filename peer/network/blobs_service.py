@@ -106,10 +106,11 @@ class BlobService:
         *,
         progress: Progress | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        shuffle: bool = True,
     ) -> Path:
         """Blocking ``fetch_blob`` into this service's cache (see there). Concurrent fetches of one blob share
         one transfer; ``progress`` then reports only to the caller that started it. Raises BlobUnavailable."""
-        return self._call(self._fetch_shared(sha256, size, list(providers), progress, timeout))
+        return self._call(self._fetch_shared(sha256, size, list(providers), progress, timeout, shuffle))
 
     def run_coroutine(self, fn: Callable[[P2P], Awaitable[T]], timeout: float | None = None) -> T:
         """Run ``fn(p2p)`` on the service's event loop and block for its result (for other network code)."""
@@ -134,7 +135,7 @@ class BlobService:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    async def _fetch_shared(self, sha256, size, providers, progress, timeout) -> Path:
+    async def _fetch_shared(self, sha256, size, providers, progress, timeout, shuffle=True) -> Path:
         key = (sha256, size)
         task = self._inflight.get(key)
         if task is None:
@@ -147,6 +148,7 @@ class BlobService:
                     self.cache,
                     progress=progress,
                     timeout=timeout,
+                    shuffle=shuffle,
                     invite=self.invite,
                 )
             )

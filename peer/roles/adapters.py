@@ -6,13 +6,19 @@ disagree about that version's bytes, the sha256 announced by the most signers wi
 :class:`AdapterFollower` thread polls the table and fetches the blob of anything newer than what the peer runs,
 so that the sampling loop only has to copy tensors between two batches. The blob is verified (sha256) by the
 transfer and again, after the swap, by hashing the adapter the model actually holds (see :mod:`peer.roles.rollout`).
+
+An adapter is fetched from the peers that announced it first, then from any other live peer of the run
+(:func:`fetch_adapter`): every peer keeps the versions it followed in its blob cache and serves them, so a version
+outlives the learner that made it (a learner killed and restarted, or a rollout peer joining meanwhile, finds it).
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from peer.errors import UserError
@@ -71,6 +77,7 @@ class Announcement:
     size: int
     providers: tuple[str, ...]  # base58 peer ids
     announcers: int
+    parent_sha256: str = ""
 
 
 def announcements(swarm) -> list[tuple[bytes, AdapterRecord]]:
@@ -94,15 +101,54 @@ def newest_announcement(records: list[tuple[bytes, AdapterRecord]]) -> Announcem
             by_sha[(record.sha256, record.size)].append(record)
     (sha, size), chosen = max(by_sha.items(), key=lambda kv: (len(kv[1]), -min(r.created for r in kv[1])))
     providers = tuple(dict.fromkeys(p for r in sorted(chosen, key=lambda r: r.created) for p in r.providers))
-    return Announcement(top, sha, size, providers[:MAX_PROVIDERS], len(chosen))
+    parent = min(chosen, key=lambda r: r.created).parent_sha256
+    return Announcement(top, sha, size, providers[:MAX_PROVIDERS], len(chosen), parent)
+
+
+def fetch_adapter(
+    blobs, sha256: str, size: int, announced: Sequence[str], others: Callable[[], Sequence] | None, timeout: float
+) -> bytes:
+    """The bytes of adapter ``sha256``: from the peers that announced it (in random order), then from the peers
+    ``others()`` names (PeerIDs: the run's live peers), which are asked only when no announcer delivered.
+
+    :raises BlobUnavailable: nobody delivered; the message says what each provider did.
+    """
+    from hivemind.p2p import PeerID
+
+    from peer.network.blobs import BlobUnavailable
+
+    first = [PeerID.from_base58(p) for p in announced]
+    random.shuffle(first)
+    try:
+        return blobs.fetch(sha256, size, first, timeout=timeout, shuffle=False).read_bytes()
+    except BlobUnavailable as e:
+        rest = [p for p in (others() if others is not None else []) if p not in first]
+        if not rest:
+            raise
+        logger.info("no announcer delivered adapter %s… (%s); asking %d other peer(s)", sha256[:12], e, len(rest))
+        random.shuffle(rest)
+        return blobs.fetch(sha256, size, rest, timeout=timeout, shuffle=False).read_bytes()
 
 
 class AdapterFollower:
-    """Poll the announcements every ``interval`` seconds; prefetch the blob of a version newer than ``held``."""
+    """Poll the announcements every ``interval`` seconds; prefetch the blob of a version newer than ``held``.
 
-    def __init__(self, swarm, blobs, held_version: int, *, interval: float = 0.5, fetch_timeout: float = 30.0):
+    ``others``: the peers to ask for a blob its announcers do not deliver (see :func:`fetch_adapter`).
+    """
+
+    def __init__(
+        self,
+        swarm,
+        blobs,
+        held_version: int,
+        *,
+        interval: float = 0.5,
+        fetch_timeout: float = 30.0,
+        others: Callable[[], Sequence] | None = None,
+    ):
         self.swarm = swarm
         self.blobs = blobs
+        self.others = others
         self.interval = interval
         self.fetch_timeout = fetch_timeout
         self.held_version = held_version
@@ -155,12 +201,7 @@ class AdapterFollower:
                 found.sha256[:12],
                 found.announcers,
             )
-        from hivemind.p2p import PeerID
-
-        path = self.blobs.fetch(
-            found.sha256, found.size, [PeerID.from_base58(p) for p in found.providers], timeout=self.fetch_timeout
-        )
-        blob = path.read_bytes()
+        blob = fetch_adapter(self.blobs, found.sha256, found.size, found.providers, self.others, self.fetch_timeout)
         with self._lock:
             if found.version > self._newest_known():
                 self._ready = (found, blob)

@@ -1,4 +1,13 @@
-"""Learner checkpoints: ``DIR/{checkpoint.json, adapter.safetensors, optimizer.pt}``, written atomically."""
+"""Learner checkpoints: ``DIR/{checkpoint.json, adapter.safetensors, optimizer.pt}``, written atomically, and the
+journal ``DIR/journal.jsonl`` of the versions made since.
+
+A checkpoint is written every few versions (it holds the AdamW state, too large to write every update). The
+journal fills the gap: one short line per version made or applied — its number, sha256, parent and the intake's
+delta (the seqs its update used, new bans) — appended before the version is announced. A learner killed between
+two checkpoints resumes from the checkpoint plus the journal's chain of versions after it (their adapters are in
+its blob cache), so no version it announced is lost and no group is used twice. Writing a checkpoint starts an
+empty journal (the directory is replaced as a whole).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +22,7 @@ from peer.errors import UserError
 from peer.model.adapter import sha256_hex
 
 CHECKPOINT_META = "checkpoint.json"
+JOURNAL = "journal.jsonl"
 
 
 def write_checkpoint(directory: Path, meta: dict, adapter: bytes, optimizer_state: dict) -> None:
@@ -55,4 +65,38 @@ def read_checkpoint(directory: Path) -> tuple[dict, bytes, dict] | None:
     return meta, blob, optimizer_state
 
 
-__all__ = ["CHECKPOINT_META", "read_checkpoint", "write_checkpoint"]
+def append_journal(directory: Path, version: int, sha: str, parent: str, intake_delta: dict) -> None:
+    """Add version ``version`` (``sha``, child of ``parent``, its update's intake delta) to the journal."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    line = {"version": version, "sha": sha, "parent": parent, "intake": intake_delta}
+    with open(directory / JOURNAL, "a") as f:  # flushed at close: a killed process loses no line the OS has
+        f.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+
+def journal_chain(directory: Path, version: int, sha: str) -> list[dict]:
+    """The journal's versions after ``version``/``sha``, each the child of the one before (lines of another
+    lineage, and a line cut short by a crash, are skipped)."""
+    try:
+        text = (Path(directory) / JOURNAL).read_text()
+    except FileNotFoundError:
+        return []
+    children: dict[tuple[int, str], dict] = {}
+    for raw in text.splitlines():
+        try:
+            line = json.loads(raw)
+            key = (int(line["version"]) - 1, str(line["parent"]))
+            if not (isinstance(line["sha"], str) and isinstance(line["intake"], dict)):
+                raise TypeError("sha and intake")
+        except (ValueError, KeyError, TypeError):
+            continue
+        children[key] = line
+    chain = []
+    while (version, sha) in children:
+        line = children[(version, sha)]
+        chain.append(line)
+        version, sha = line["version"], line["sha"]
+    return chain
+
+
+__all__ = ["CHECKPOINT_META", "JOURNAL", "append_journal", "journal_chain", "read_checkpoint", "write_checkpoint"]

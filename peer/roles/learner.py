@@ -43,7 +43,7 @@ from peer.protocol import (
     key_fingerprint,
 )
 from peer.protocol.limits import MAX_HISTORY, MAX_TALLIED
-from peer.roles.checkpoint import read_checkpoint, write_checkpoint
+from peer.roles.checkpoint import append_journal, journal_chain, read_checkpoint, write_checkpoint
 from peer.roles.closers import Closers
 from peer.roles.intake import Accepted, Intake
 from peer.roles.learner_io import Announcer, Fetcher
@@ -126,7 +126,9 @@ class LearnerPeer:
         self.accepted_by: Counter = Counter()  # signer -> groups used in an update
         self.resumed_from: str = "swarm"
         self._checkpointed: frozenset = frozenset()  # the sha256 of the adapter in the checkpoint (kept cached)
-        self.parent_of_resumed = ""
+        self.parent_sha = ""  # the parent of the version held now
+        self.bans_recorded = 0  # bans already in the journal and told to helpers (intake.banned keeps its order)
+        self._checkpoint_after_start = False
         self.fetcher: Fetcher | None = None  # reads the buckets while this learner leads
         self.team = Teamwork(self)
 
@@ -143,15 +145,19 @@ class LearnerPeer:
             spec, s.tokenizer, batch=spec.groups_per_version, share_cap=c.share_cap, check_rate=c.check_rate
         )
         self.optimizer = torch.optim.AdamW(lora_parameters(s.model), lr=c.lr)
+        self.parent_sha = s.parent
         self._resume()
+        self.bans_recorded = len(self.intake.banned)
         self.remember(s.version, s.sha)
+        if self._checkpoint_after_start:
+            self.checkpoint()
         s.model.eval()
         self.store = DHTBucketStore(s.swarm, s.blobs)
         self._closers.add(self.stop_fetcher)
         self.announcer = Announcer(s.swarm, s.blobs)
         self._closers.add(self.announcer.close)
         if s.version > 0:  # what it resumed from is served and announced by this learner too
-            self.announcer.submit(s.version, s.blob, self.parent_of_resumed, None)
+            self.announcer.submit(s.version, s.blob, self.parent_sha, None)
         self.team.start(self._closers)
         logger.info(
             "learner ready: adapter v%d (%s), %d groups per version, tau_max %d, weighting %s",
@@ -164,31 +170,57 @@ class LearnerPeer:
         return self
 
     def _resume(self) -> None:
-        """Take the checkpoint when it is newer than the newest announced version (same version: same weights,
-        and the checkpoint adds the optimizer state)."""
+        """Take this learner's own state when it is at least as new as the swarm's newest version: the checkpoint,
+        then the journal's versions after it whose adapters are still in the blob cache (a learner killed between
+        checkpoints loses none of the versions it made). The same version as announced must be the same bytes."""
         s, c = self.session, self.config
-        checkpoint = read_checkpoint(c.checkpoint_dir) if c.checkpoint_dir else None
-        if checkpoint is None:
+        if not c.checkpoint_dir:
             return
-        meta, blob, optimizer_state = checkpoint
-        if meta["run_id"] != c.run_id:
-            raise UserError(
-                f"{c.checkpoint_dir} holds a checkpoint of run {meta['run_id']!r}, not {c.run_id!r}: pass another "
-                "--checkpoint-dir"
-            )
-        if meta["version"] < s.version or (meta["version"] == s.version and meta["sha256"] != s.sha):
+        checkpoint = read_checkpoint(c.checkpoint_dir)
+        if checkpoint is None:
+            meta, blob, optimizer_state = {"version": 0, "sha256": s.spec.manifest.adapter0_sha256}, None, None
+        else:
+            meta, blob, optimizer_state = checkpoint
+            if meta["run_id"] != c.run_id:
+                raise UserError(
+                    f"{c.checkpoint_dir} holds a checkpoint of run {meta['run_id']!r}, not {c.run_id!r}: pass another "
+                    "--checkpoint-dir"
+                )
+        chain = journal_chain(c.checkpoint_dir, meta["version"], meta["sha256"])
+        while chain and not s.blobs.cache.has(chain[-1]["sha"]):
+            chain.pop()
+        version, sha = (chain[-1]["version"], chain[-1]["sha"]) if chain else (meta["version"], meta["sha256"])
+        if blob is None and not chain:
+            return  # nothing of this learner's own beyond v0
+        if version < s.version or (version == s.version and sha != s.sha):
             logger.warning(
-                "checkpoint v%d is older than the announced v%d: continuing from the swarm's (fresh optimizer state)",
-                meta["version"],
+                "this learner's own state (v%d) is older than the announced v%d: continuing from the swarm's (fresh "
+                "optimizer state)",
+                version,
                 s.version,
             )
+            self._checkpoint_after_start = True  # the directory then describes the lineage this learner is in
             return
-        if meta["version"] > s.version:
-            s.swap(meta["version"], meta["sha256"], blob)
-        self.optimizer.load_state_dict(optimizer_state)
+        if chain:
+            blob = s.blobs.cache.path(sha).read_bytes()
+        if version > s.version:
+            s.swap(version, sha, blob)
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)  # the checkpoint's: len(chain) updates older
         self.intake.restore(meta)
-        self.parent_of_resumed = meta["parent_sha256"]
+        for line in chain:
+            self.intake.restore(line["intake"])
+        self.parent_sha = chain[-1]["parent"] if chain else meta["parent_sha256"]
         self.resumed_from = f"checkpoint {c.checkpoint_dir}"
+        if chain:
+            self.resumed_from += f" + {len(chain)} journalled version(s)"
+            logger.info(
+                "resumed v%d: checkpoint v%d and the journal's next %d version(s) (AdamW state %s)",
+                version,
+                meta["version"],
+                len(chain),
+                "of the checkpoint" if optimizer_state is not None else "fresh",
+            )
 
     # --- the team --------------------------------------------------------------------------------------------------
 
@@ -250,7 +282,7 @@ class LearnerPeer:
         self.announcer.flush()
         seconds = time.perf_counter() - started
         if c.checkpoint_dir and self.made and self._checkpointed != frozenset({s.sha}):
-            self._checkpoint()
+            self.checkpoint()
         accepted = sum(h["groups"] for h in self.history)
         return {
             "versions_made": self.made,
@@ -344,8 +376,19 @@ class LearnerPeer:
         self.step_seconds.append(seconds)
         stats = {**combined.stats, "grad_norm": grad_norm, **cost}
         record = self._record(parent, chosen, taus, seconds, stats, version=s.version + 1, sha=sha)
-        self.team.stepped(chosen, combined.grads, blob, parent, record)
-        self.advance(parent, sha, blob, record, self._metrics(record))
+        delta = self.intake_delta(chosen)
+        self.team.stepped(chosen, combined.grads, blob, parent, record, delta)
+        self.advance(parent, sha, blob, record, self._metrics(record), delta)
+
+    def intake_delta(self, chosen: list[Accepted]) -> dict:
+        """What an update changed in the intake's lasting state (:meth:`Intake.restore` takes it): the seqs it
+        used, and the bans since the previous update."""
+        used: dict[str, list[list[int]]] = {}
+        for a in chosen:
+            used.setdefault(a.owner.hex(), []).append([a.group.seq, a.group.version])
+        banned = list(self.intake.banned.items())[self.bans_recorded :]
+        self.bans_recorded += len(banned)
+        return {"used": used, "banned": {owner.hex(): why for owner, why in banned}}
 
     def share(self, part: list[Accepted]) -> Share | None:
         s = self.session
@@ -353,10 +396,16 @@ class LearnerPeer:
             return None
         return share_gradient(s.model, batch_tensors(part, s.version, s.spec, self.pad_id(), s.device), s.spec)
 
-    def advance(self, parent: str, sha: str, blob: bytes, record: dict, metrics: MetricsRecord | None) -> None:
-        """The model now holds the next version (made here or applied from the leader): keep, announce, log it."""
+    def advance(
+        self, parent: str, sha: str, blob: bytes, record: dict, metrics: MetricsRecord | None, intake_delta: dict
+    ) -> None:
+        """The model now holds the next version (made here or applied from the leader): journal, keep, announce,
+        log it."""
         s, c = self.session, self.config
+        if c.checkpoint_dir:  # before anyone can see the version: a restart after a crash resumes from it
+            append_journal(c.checkpoint_dir, s.version + 1, sha, parent, intake_delta)
         s.version, s.sha, s.blob = s.version + 1, sha, blob
+        self.parent_sha = parent
         self.made += 1
         self.remember(s.version, sha)
         if self.fetcher is not None:
@@ -364,17 +413,20 @@ class LearnerPeer:
         if self.team.leader is not None:  # applied: the leader's record, kept here too
             self.history.append(record)
             self._ledger(record)
-        self.announcer.submit(s.version, blob, parent, metrics)
+        gate = None
+        if self.team.leader is None:  # leading: announced once the helpers hold it (none: at once)
+            gate = lambda v=s.version: self.team.lead.holds(v)  # noqa: E731
+        self.announcer.submit(s.version, blob, parent, metrics, gate)
         self.beat()
         if c.checkpoint_dir and self.made % c.checkpoint_every == 0:
-            self._checkpoint()
+            self.checkpoint()
 
     def snapshot(self) -> dict:
         """This learner's whole state, for a helper that is not in its recent lineage."""
         s = self.session
         buffer = io.BytesIO()
         torch.save(self.optimizer.state_dict(), buffer)
-        parent = self.history[-1]["parent_sha256"] if self.history else self.parent_of_resumed
+        parent = self.parent_sha
         return {
             "version": s.version,
             "sha": s.sha,
@@ -474,9 +526,9 @@ class LearnerPeer:
             if v > 0 and old_sha not in self._checkpointed:
                 self.session.blobs.cache.remove(old_sha)
 
-    def _checkpoint(self) -> None:
+    def checkpoint(self) -> None:
         s = self.session
-        parent = self.history[-1]["parent_sha256"] if self.history else self.parent_of_resumed
+        parent = self.parent_sha
         meta = {
             "run_id": self.config.run_id,
             "version": s.version,

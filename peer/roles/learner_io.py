@@ -77,7 +77,14 @@ class Fetcher:
 
 class Announcer:
     """Announces the newest version (and the metrics) on a thread, so the learner never waits on the DHT; an
-    older version not yet announced when a newer one is ready is skipped (followers want the newest)."""
+    older version not yet announced when a newer one is ready is skipped (followers want the newest).
+
+    A submission may carry a ``gate``: it is announced only once ``gate()`` is true (a leading learner's helpers
+    must hold the version first, :meth:`peer.roles.team.Lead.holds`); a newer submission replaces a waiting one.
+    """
+
+    GATE_POLL = 0.01  # s between two looks at a closed gate
+    GATE_FLUSH = 3.0  # s a flush waits for a closed gate before giving up on that submission
 
     def __init__(self, swarm, blobs):
         self.swarm = swarm
@@ -86,6 +93,7 @@ class Announcer:
         self.failures = 0
         self._pending: tuple | None = None
         self._current: tuple | None = None
+        self._blocked_since: float | None = None  # monotonic time a gate first held back what is pending now
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._idle = threading.Event()
@@ -94,14 +102,32 @@ class Announcer:
         self._thread = threading.Thread(target=self._run, name="adapter-announcer", daemon=True)
         self._thread.start()
 
-    def submit(self, version: int, blob: bytes, parent_sha: str, metrics: MetricsRecord | None) -> None:
+    def submit(self, version: int, blob: bytes, parent_sha: str, metrics: MetricsRecord | None, gate=None) -> None:
         with self._lock:
-            self._pending = (version, blob, parent_sha, metrics)
+            self._pending = (version, blob, parent_sha, metrics, gate)
             self._idle.clear()
         self._wake.set()
 
     def flush(self, timeout: float = 30.0) -> bool:
-        return self._idle.wait(timeout)
+        """Wait until everything submitted is announced; a submission whose gate stays closed for GATE_FLUSH s
+        is dropped (it was never announced, so nobody is left holding it)."""
+        deadline = time.monotonic() + timeout
+        while not self._idle.wait(min(self.GATE_FLUSH, max(0.0, deadline - time.monotonic()))):
+            with self._lock:
+                pending = self._pending
+                if pending is not None and pending[4] is not None and not pending[4]():
+                    logger.warning("adapter v%d was not announced: its helpers did not take it", pending[0])
+                    self._pending = None
+                    self._idle.set()
+                    return False
+            if time.monotonic() >= deadline:
+                return False
+        return True
+
+    def blocked_for(self) -> float:
+        """Seconds the gate has held back the pending submissions (0 when nothing waits on a gate)."""
+        since = self._blocked_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def close(self) -> None:
         self.flush()
@@ -116,13 +142,26 @@ class Announcer:
             self._wake.clear()
             with self._lock:
                 pending, self._pending = self._pending, None
+                if pending is not None and pending[4] is not None and not pending[4]():
+                    self._pending = pending  # not yet: look again soon (a newer submission replaces it)
+                    self._wake.set()
+                    pending = None
+                    gated = True
+                    if self._blocked_since is None:
+                        self._blocked_since = time.monotonic()
+                else:
+                    gated = False
+                    self._blocked_since = None
+            if gated:
+                self._stop.wait(self.GATE_POLL)
+                continue
             if pending is None:
                 if self._current is not None and time.monotonic() - last >= REANNOUNCE_EVERY:
                     pending = self._current
                 else:
                     self._idle.set()
                     continue
-            version, blob, parent, metrics = pending
+            version, blob, parent, metrics, _ = pending
             try:
                 announce_adapter(self.swarm, self.blobs, version, blob, parent)
                 self.announced, self._current, last = version, pending, time.monotonic()

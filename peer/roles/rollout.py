@@ -333,7 +333,9 @@ class RolloutPeer:
             )
             self.max_inflight = spec.groups_per_version
         self.seqs = _SeqCounter(c.network.identity_path, c.run_id)
-        self.follower = AdapterFollower(self.swarm, self.blobs, self.version, interval=c.poll_interval).start()
+        self.follower = AdapterFollower(
+            self.swarm, self.blobs, self.version, interval=c.poll_interval, others=self.session.providers
+        ).start()
         self._closers.add(self.follower.stop)
         self.publisher = _Publisher(
             DHTBucketStore(self.swarm, self.blobs, expiration=BUCKET_EXPIRATION),

@@ -20,9 +20,10 @@ from peer.log import get_logger
 from peer.model.adapter import AdapterError, adapter_to_bytes, attach_lora, load_adapter_bytes, sha256_hex
 from peer.model.config import ModelConfig
 from peer.model.loading import load_base
+from peer.network.blobs_fetch import DEFAULT_TIMEOUT
 from peer.network.swarm import NetworkConfig
 from peer.protocol import key_fingerprint
-from peer.roles.adapters import announcements, newest_announcement
+from peer.roles.adapters import announcements, fetch_adapter, newest_announcement
 from peer.roles.closers import Closers
 from peer.roles.run import RunSpec, read_manifest, run_spec
 
@@ -59,6 +60,7 @@ class Session:
     device: object
     version: int = -1
     sha: str = ""
+    parent: str = ""  # the sha256 of the held adapter's parent, as announced ("" for v0)
     blob: bytes = b""  # the held adapter's bytes (hash == sha)
     revoked: str | None = None  # why this peer must stop: the host revoked its invite (private swarms)
     on_revoked: list = field(default_factory=list)  # what to call then (the role's request_stop)
@@ -98,9 +100,8 @@ class Session:
             self.heartbeat.update(adapter_version=version)
 
     def fetch_adapter(self, sha: str, size: int, providers) -> bytes:
-        from hivemind.p2p import PeerID
-
-        return self.blobs.fetch(sha, size, [PeerID.from_base58(p) for p in providers]).read_bytes()
+        """An adapter's bytes from ``providers`` (base58 peer ids), else from any live peer of the run."""
+        return fetch_adapter(self.blobs, sha, size, providers, self.providers, DEFAULT_TIMEOUT)
 
 
 def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
@@ -170,6 +171,7 @@ def _load_newest_adapter(session: Session) -> None:
         session.heartbeat.update(adapter_version=0)
         return
     session.swap(found.version, found.sha256, session.fetch_adapter(found.sha256, found.size, found.providers))
+    session.parent = found.parent_sha256
 
 
 __all__ = ["Session", "SessionConfig", "default_cache_dir", "open_session"]

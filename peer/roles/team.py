@@ -17,7 +17,10 @@ learner; only the one *leading* answers with work, the others redirect to it. A 
 
 Every answer carries ``members``: the leader, then its helpers in the order they came. When the leader is gone a
 helper walks that list: the first one alive leads (every member holds the same adapter *and* AdamW state, because
-each applied the same clipped gradients), so no version is lost and none goes backwards.
+each applied the same clipped gradients), so no version is lost and none goes backwards. For that, a leader with
+helpers announces a version only once every active helper holds it (:meth:`Lead.holds`: a helper's work request
+names the version it holds); a leader whose helpers all went silent asks them before it goes on alone — if one of
+them leads now (this leader was frozen, or cut off), it follows that one.
 
 The leader side (:class:`Lead`) is touched by the learner's loop thread and by the handler on the blob service's
 event loop; everything shared is under one lock. :mod:`peer.roles.learner` drives both sides.
@@ -45,7 +48,8 @@ MAX_MESSAGE = 64 << 20  # bytes: a state (adapter + AdamW state + the intake's s
 POLL_WAIT = 2.0  # s a work request waits for something to do
 ACTIVE_FOR = 5.0  # s since its last request for a helper to be given shares
 KEEP_STEPS = 32  # updates the leader keeps to bring a helper that fell behind up to date (else: the whole state)
-CALL_TIMEOUT = 15.0  # s for one call (a work request waits POLL_WAIT of it; a state is larger)
+CALL_TIMEOUT = 15.0  # s for one call that asks for a state (a large answer)
+WORK_TIMEOUT = 10.0  # s for a work request (it waits POLL_WAIT of it): a frozen leader is noticed this soon
 
 
 def _count(value, what: str) -> int:
@@ -89,6 +93,8 @@ class Lead:
         self._lineage: dict[int, str] = {}
         self._steps: dict[int, dict] = {}
         self._helpers: dict[str, list[float]] = {}  # peer -> [first seen, last seen]
+        self._held: dict[str, int] = {}  # helper -> the version of this lineage it holds (its last work request)
+        self.alone = True  # leading with no helper known: versions need nobody else to hold them
         self._refused: dict[str, str] = {}  # helper peer -> why its work is no longer taken
         self._tasks: dict[str, dict] = {}  # helper peer -> its share of the update in progress
         self._snapshot: dict | None = None
@@ -99,7 +105,7 @@ class Lead:
 
     def lead(self, version: int, sha: str) -> None:
         with self._lock:
-            self.leading, self.leader_hint = True, None
+            self.leading, self.leader_hint, self.alone = True, None, True
             self._lineage = {version: sha}
             self._steps, self._tasks, self._snapshot = {}, {}, None
             self.version, self.sha = version, sha
@@ -121,6 +127,31 @@ class Lead:
                 self._steps.pop(old, None)
             self._tasks.clear()
             self._snapshot = None
+
+    def holds(self, version: int) -> bool:
+        """Whether ``version`` may be announced: every active helper holds it (or this leader has no helper)."""
+        now = time.monotonic()
+        with self._lock:
+            active = [p for p, t in self._helpers.items() if now - t[1] < ACTIVE_FOR and p not in self._refused]
+            if not active:
+                return self.alone
+            return all(self._held.get(p, -1) >= version for p in active)
+
+    def silent(self) -> list[str]:
+        """Helpers known to this leader that have not asked for work within ACTIVE_FOR s (oldest first)."""
+        now = time.monotonic()
+        with self._lock:
+            helpers = self._helpers.items()
+            quiet = [(t[0], p) for p, t in helpers if now - t[1] >= ACTIVE_FOR and p not in self._refused]
+        return [p for _, p in sorted(quiet)]
+
+    def release(self, gone: list[str]) -> None:
+        """``gone`` (silent helpers that did not answer) are no longer members: lead alone unless others ask."""
+        with self._lock:
+            for p in gone:
+                self._helpers.pop(p, None)
+                self._held.pop(p, None)
+            self.alone = all(p in self._refused for p in self._helpers)
 
     def helpers(self) -> list[str]:
         """The helpers to give shares to: asked within ACTIVE_FOR s, not refused, oldest first."""
@@ -177,6 +208,10 @@ class Lead:
                 return {"refused": self._refused[peer]}
             now = time.monotonic()
             self._helpers.setdefault(peer, [now, now])[1] = now
+            if self.leading:
+                self.alone = False
+                if self._lineage.get(version) == sha:
+                    self._held[peer] = version
         while True:
             with self._lock:
                 if not self.leading or self.closed:
@@ -236,7 +271,8 @@ class TeamClient:
 
     def work(self, leader: str, version: int, sha: str, need_state: bool = False) -> dict:
         """``need_state``: this learner has not taken the team's AdamW state yet (it just joined)."""
-        return self._call(leader, {"op": "work", "version": version, "sha": sha, "need_state": need_state})
+        request = {"op": "work", "version": version, "sha": sha, "need_state": need_state}
+        return self._call(leader, request, CALL_TIMEOUT if need_state else WORK_TIMEOUT)
 
     def result(self, leader: str, task_id: int, grads: bytes, tokens: int, stats: dict) -> dict:
         return self._call(leader, {"op": "result", "task": task_id, "grads": grads, "tokens": tokens, "stats": stats})

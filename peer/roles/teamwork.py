@@ -40,6 +40,7 @@ HELPER_MIN_WAIT = 1.0  # s the leader waits at least for its helpers' gradients 
 HELPER_WAIT_FACTOR = 3.0  # ... or this many times its own share's time; a late share is computed by the leader
 HELPER_PROBATION = 2  # a helper's first results are all recomputed by the leader (then: check_rate of them)
 GRADIENT_TOLERANCE = 1e-3  # largest difference of a helper's gradient from the leader's, relative to its size
+GATE_STALL = 3.0  # s a version may wait for the helpers to hold it before the leader asks them what is going on
 
 
 class Teamwork:
@@ -53,12 +54,13 @@ class Teamwork:
         self.leader: str | None = None  # the learner this one helps (None: it leads)
         self.members: list[str] = []  # the team as the leader last said, leader first
         self.counts: Counter = Counter()
-        self._bans_told = 0  # bans already passed on to helpers in a step
         self._helper_results: Counter = Counter()  # helper -> results received (its first ones are all checked)
         self._rng = random.Random()
         self._failed_calls = 0
+        self._deposed = False  # it led, and a helper of its took over: its own newer versions give way
         self._synced = False  # holds the team's AdamW state (from a state, or by having led)
         self._next_rival_check = 0.0
+        self._next_team_check = 0.0
         self._unreachable: dict[str, float] = {}  # learner -> until when not to probe it again
 
     def start(self, closers) -> None:
@@ -76,11 +78,45 @@ class Teamwork:
             self.follow(leader)
 
     def leader_turn(self) -> None:
-        """What a leader does besides updating: a helper wants the state, another learner may lead too."""
+        """What a leader does besides updating: a helper wants the state, its helpers went silent (this leader
+        may have been frozen or cut off while one of them took over), another learner may lead too."""
         if self.lead.snapshot_wanted.is_set():
             self.lead.offer_snapshot(self.peer.snapshot())
+        if time.monotonic() >= self._next_team_check and not self.lead.alone:
+            if not self.lead.helpers():
+                self.check_team(self.lead.silent())
+            elif self.peer.announcer.blocked_for() > GATE_STALL:  # they ask for work but do not take the versions
+                self.check_team(self.lead.helpers() + self.lead.silent())
+            if self.leader is not None:
+                return
         if time.monotonic() >= self._next_rival_check:
             self.check_rivals()
+
+    def check_team(self, members: list[str]) -> None:
+        """The helpers went silent, or do not take this leader's versions: follow one of ``members`` that leads
+        now; forget those that do not answer; the others still help this learner."""
+        self._next_team_check = time.monotonic() + 1.0
+        gone = []
+        for member in members:
+            self._unreachable.pop(member, None)
+            answer = self._probe(member)
+            if answer is None:
+                gone.append(member)
+                continue
+            hint = answer.get("leader")
+            if answer.get("leading"):
+                leader = member
+            elif isinstance(hint, str) and hint not in (self.me, member) and (self._probe(hint) or {}).get("leading"):
+                leader = hint
+            else:
+                continue  # alive, and (still) helping this learner: it will ask again
+            logger.warning("learner %s leads the team now (this one was cut off or frozen): following it", leader)
+            self.counts["deposed"] += 1
+            self.follow(leader, deposed=True)
+            return
+        if gone:
+            logger.info("helper(s) %s gone: leading without them", ", ".join(gone))
+            self.lead.release(gone)
 
     def summary(self) -> dict:
         return {
@@ -127,9 +163,9 @@ class Teamwork:
             cost |= {"share_seconds": round(own_seconds, 4), "wait_seconds": round(waited, 4)}
         return combine(shares), cost
 
-    def stepped(self, chosen: list[Accepted], grads, blob: bytes, parent: str, record: dict) -> None:
-        """Version ``record["version"]`` is made: the helpers get its step on their next request."""
-        banned = list(self.peer.intake.banned.items())
+    def stepped(self, chosen: list[Accepted], grads, blob: bytes, parent: str, record: dict, delta: dict) -> None:
+        """Version ``record["version"]`` is made (``delta``: the intake's change): helpers get its step on their next
+        request."""
         self.lead.advance(
             {
                 "version": record["version"],
@@ -137,14 +173,10 @@ class Teamwork:
                 "sha": record["sha256"],
                 "size": len(blob),
                 "grads": tensors_to_bytes(grads),
-                "intake": {
-                    "used": _used_of(chosen),
-                    "banned": {o.hex(): why for o, why in banned[self._bans_told :]},
-                },
+                "intake": delta,
                 "record": dict(record, ids=[list(a.id) for a in chosen]),
             }
         )
-        self._bans_told = len(banned)
 
     def find_leader(self) -> str | None:
         """The leader of the run's learners (the best one if several lead), or None: the learners announcing adapters
@@ -190,19 +222,21 @@ class Teamwork:
         s = self.peer.session
         self.lead.lead(s.version, s.sha)
         self.leader, self.members, self._synced = None, [self.me], True
-        self._bans_told = len(self.peer.intake.banned)
+        self.peer.bans_recorded = len(self.peer.intake.banned)
         self._next_rival_check = time.monotonic() + RIVAL_CHECK_EVERY
         self.peer.start_fetcher()
         self.counts["led"] += 1
         logger.info("leading the learners at v%d (%s)", s.version, why)
         self.peer.beat()
 
-    def follow(self, leader: str, same_team: bool = False) -> None:
-        """Help ``leader``; ``same_team``: it took over the team this one was in (so they hold the same state)."""
+    def follow(self, leader: str, same_team: bool = False, deposed: bool = False) -> None:
+        """Help ``leader``; ``same_team``: it took over the team this one was in (so they hold the same state);
+        ``deposed``: it took over from this learner, whose versions since are not the team's (the state is taken)."""
         self.peer.stop_fetcher()
         self.lead.follow(leader)
         self.leader, self._failed_calls = leader, 0
-        self._synced = self._synced and same_team
+        self._synced = self._synced and same_team and not deposed
+        self._deposed = deposed
         self.counts["followed"] += 1
         logger.info("helping learner %s, which leads", leader)
         self.peer.beat()
@@ -235,9 +269,12 @@ class Teamwork:
             self._do_task(answer["task"])
 
     def _leader_unreachable(self, error: Exception) -> None:
+        """A work request failed: a probe (a short call) tells a leader that is gone (dead, frozen, cut off) from
+        one that was slow; gone, or failing twice in a row, the next member leads."""
         self._failed_calls += 1
         logger.warning("the leading learner %s did not answer: %s", self.leader, error)
-        if self._failed_calls < 2:
+        self._unreachable.pop(self.leader, None)
+        if self._failed_calls < 2 and self._probe(self.leader) is not None:
             self.peer.stop_event.wait(0.5)
             return
         self._succeed(f"learner {self.leader} is unreachable")
@@ -275,8 +312,8 @@ class Teamwork:
         except Exception as e:  # whatever came over the wire: refuse it, ask again
             logger.warning("the leader's state is unreadable (%s); asking again", e)
             return
-        if version < s.version:  # this learner holds a newer version: it leads, and the other will follow it
-            self.take_lead(f"v{s.version} is newer than the leader's v{version}")
+        if version < s.version and not self._deposed:  # a newer version here (a checkpoint): it leads, the other
+            self.take_lead(f"v{s.version} is newer than the leader's v{version}")  # will follow it
             return
         try:
             s.swap(version, sha, blob)  # checks the blob before it changes anything
@@ -284,15 +321,18 @@ class Teamwork:
         except (ValueError, KeyError, RuntimeError) as e:  # AdapterError is a ValueError
             logger.warning("the leader's state does not fit this learner (%s); asking again", e)
             return
-        self._synced = True
+        self._synced, self._deposed = True, False
         self.peer.intake.pool.clear()
         self.peer.intake.pending_checks()
         self.peer.intake.known.clear()
         self.peer.intake.restore(intake_state)
         self.peer.window.clear()
         self.peer.remember(version, sha)
-        self.peer.parent_of_resumed = str(state.get("parent") or "")
-        self.peer.announcer.submit(version, blob, self.peer.parent_of_resumed, None)
+        self.peer.parent_sha = str(state.get("parent") or "")
+        self.peer.announcer.submit(version, blob, self.peer.parent_sha, None)
+        self.peer.bans_recorded = len(self.peer.intake.banned)
+        if self.peer.config.checkpoint_dir:  # the journal cannot chain a state taken whole: checkpoint it
+            self.peer.checkpoint()
         self.counts["states"] += 1
         logger.info("took the leading learner's state at v%d", version)
         self.peer.beat()
@@ -333,7 +373,7 @@ class Teamwork:
         self.peer.intake.restore(step["intake"])
         self.counts["steps"] += 1
         record = dict(step["record"], applied_seconds=round(time.perf_counter() - t0, 4))
-        self.peer.advance(step.get("parent") or "", sha, blob, record, None)
+        self.peer.advance(step.get("parent") or "", sha, blob, record, None, step["intake"])
 
     def _do_task(self, task: dict) -> None:
         """Compute the gradient of the leader's share for this learner and send it back."""
@@ -423,14 +463,6 @@ def _split(items: list, n: int) -> list[list]:
         parts.append(items[start:end])
         start = end
     return parts
-
-
-def _used_of(chosen: list[Accepted]) -> dict[str, list[list[int]]]:
-    """The seqs an update used, in the form of :meth:`Intake.state` (helpers restore it)."""
-    used: dict[str, list[list[int]]] = {}
-    for a in chosen:
-        used.setdefault(a.owner.hex(), []).append([a.group.seq, a.group.version])
-    return used
 
 
 def _same_gradient(a: Share | None, b: Share) -> bool:

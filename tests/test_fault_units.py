@@ -1,0 +1,215 @@
+"""What keeps a run whole through crashes and freezes, unit by unit: the learner's journal, the announcement gate,
+a leader's view of its helpers, and adapters fetched from any peer once their announcers are gone."""
+
+import asyncio
+import hashlib
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from peer.roles import team
+from peer.roles.checkpoint import JOURNAL, append_journal, journal_chain, write_checkpoint
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------- the journal
+
+
+def test_the_journal_chains_the_versions_after_a_checkpoint_and_skips_what_is_not_in_the_chain(tmp_path):
+    d = tmp_path / "ckpt"
+    append_journal(d, 1, sha("v1"), sha("v0"), {"used": {"aa": [[0, 0]]}, "banned": {}})
+    append_journal(d, 2, sha("v2"), sha("v1"), {"used": {"aa": [[1, 1]]}, "banned": {"bb": "replay"}})
+    append_journal(d, 2, sha("fork"), sha("other"), {"used": {}, "banned": {}})  # another lineage's v2
+    append_journal(d, 3, sha("v3"), sha("v2"), {"used": {}, "banned": {}})
+    with open(d / JOURNAL, "a") as f:
+        f.write('{"version": 4, "sha": "cut sho')  # killed mid-line
+    chain = journal_chain(d, 0, sha("v0"))
+    assert [(line["version"], line["sha"]) for line in chain] == [(1, sha("v1")), (2, sha("v2")), (3, sha("v3"))]
+    assert chain[1]["intake"]["banned"] == {"bb": "replay"}
+    assert [line["version"] for line in journal_chain(d, 2, sha("v2"))] == [3], "from a checkpoint at v2"
+    assert journal_chain(d, 2, sha("fork")) == [], "nothing follows the other lineage's v2"
+    assert journal_chain(tmp_path / "none", 0, sha("v0")) == []
+
+
+def test_a_checkpoint_starts_an_empty_journal(tmp_path):
+    d = tmp_path / "ckpt"
+    append_journal(d, 1, sha("v1"), sha("v0"), {"used": {}, "banned": {}})
+    state = {"state": {}, "param_groups": []}
+    write_checkpoint(d, {"run_id": "r", "version": 1, "sha256": hashlib.sha256(b"x").hexdigest()}, b"x", state)
+    assert not (d / JOURNAL).exists()
+    append_journal(d, 2, sha("v2"), hashlib.sha256(b"x").hexdigest(), {"used": {}, "banned": {}})
+    assert [json.loads(line)["version"] for line in (d / JOURNAL).read_text().splitlines()] == [2]
+
+
+# ---------------------------------------------------------------------------------------------------- the gate
+
+
+class _Swarm:
+    """Records what an Announcer stores (the announcement itself goes through a patched ``announce_adapter``)."""
+
+    run_id = "r"
+    public_key = b"ssh-rsa AAAA"
+
+    def store(self, *args, **kwargs):
+        return True
+
+
+@pytest.fixture
+def announcer(monkeypatch):
+    from peer.roles import learner_io
+
+    announced = []
+    monkeypatch.setattr(learner_io, "announce_adapter", lambda swarm, blobs, v, blob, parent: announced.append(v))
+    a = learner_io.Announcer(_Swarm(), None)
+    a.GATE_FLUSH = 0.3
+    a.announced_versions = announced
+    yield a
+    a.close()
+
+
+def _until(predicate, seconds=5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_gated_version_is_announced_only_once_its_gate_opens(announcer):
+    held = threading.Event()
+    announcer.submit(5, b"blob", sha("v4"), None, gate=held.is_set)
+    time.sleep(0.2)
+    assert announcer.announced_versions == [] and announcer.blocked_for() > 0.1
+    held.set()
+    assert _until(lambda: announcer.announced_versions == [5])
+    assert announcer.blocked_for() == 0.0
+    announcer.submit(6, b"blob", sha("v5"), None)  # no gate: at once
+    assert _until(lambda: announcer.announced_versions == [5, 6])
+
+
+def test_a_newer_version_replaces_a_gated_one_and_a_flush_drops_a_gate_that_stays_closed(announcer):
+    announcer.submit(7, b"blob", sha("v6"), None, gate=lambda: False)
+    announcer.submit(8, b"blob", sha("v7"), None, gate=lambda: False)
+    assert announcer.flush(timeout=5) is False, "a closed gate is given up after GATE_FLUSH"
+    assert announcer.announced_versions == []
+    announcer.submit(9, b"blob", sha("v8"), None, gate=lambda: True)
+    assert announcer.flush(timeout=5) and announcer.announced_versions == [9]
+
+
+# ---------------------------------------------------------------------------------------------------- the leader
+
+
+@pytest.fixture(autouse=True)
+def no_waiting(monkeypatch):
+    monkeypatch.setattr(team, "POLL_WAIT", 0.0)  # a work request with nothing to do answers "idle" at once
+
+
+def _work(lead: team.Lead, helper: str, version: int, sha256: str) -> dict:
+    return asyncio.run(lead.handle(helper, {"op": "work", "version": version, "sha": sha256}))
+
+
+def test_a_leader_announces_only_what_every_active_helper_holds(monkeypatch):
+    lead = team.Lead("leader")
+    lead.lead(3, sha("v3"))
+    assert lead.holds(4), "alone: nobody else needs to hold a version"
+    lead.advance({"version": 4, "sha": sha("v4"), "parent": sha("v3")})
+    _work(lead, "h1", 4, sha("v4"))
+    _work(lead, "h2", 3, sha("v3"))
+    assert not lead.alone and not lead.holds(4), "h2 holds v3 only"
+    _work(lead, "h2", 4, sha("v4"))
+    assert lead.holds(4)
+    _work(lead, "h1", 4, sha("elsewhere"))  # a version of another lineage does not count
+    lead.advance({"version": 5, "sha": sha("v5"), "parent": sha("v4")})
+    assert not lead.holds(5)
+
+    clock = [time.monotonic()]
+    monkeypatch.setattr(team.time, "monotonic", lambda: clock[0])
+    clock[0] += team.ACTIVE_FOR + 1  # both went quiet (dead, frozen, or this leader was)
+    assert lead.helpers() == [] and lead.silent() == ["h1", "h2"]
+    assert not lead.holds(5), "silent helpers are not a reason to announce: the leader asks them first"
+    lead.release(["h1"])
+    assert not lead.alone and lead.silent() == ["h2"]
+    lead.release(["h2"])
+    assert lead.alone and lead.holds(5)
+
+
+class _Client:
+    def __init__(self, answers: dict):
+        self.answers = answers
+        self.asked = []
+
+    def probe(self, peer, timeout=5.0):
+        self.asked.append(peer)
+        answer = self.answers.get(peer)
+        if answer is None:
+            raise TimeoutError(f"{peer} did not answer")
+        return answer
+
+
+def _teamwork(answers: dict, helpers: list[str]):
+    from peer.roles.teamwork import Teamwork
+
+    followed = []
+    peer = SimpleNamespace(stop_fetcher=lambda: None, beat=lambda: None)
+    tw = Teamwork(peer)
+    tw.me, tw.client = "leader", _Client(answers)
+    tw.lead = team.Lead("leader")
+    tw.lead.lead(9, sha("v9"))
+    for h in helpers:
+        _work(tw.lead, h, 9, sha("v9"))
+    tw.follow = lambda leader, same_team=False, deposed=False: followed.append((leader, deposed))
+    return tw, followed
+
+
+def test_a_leader_whose_helper_took_over_follows_it():
+    tw, followed = _teamwork({"h1": None, "h2": {"leading": True, "version": 12}}, ["h1", "h2"])
+    tw.check_team(["h1", "h2"])
+    assert followed == [("h2", True)], "deposed: its own newer versions give way to the team's"
+
+
+def test_a_leader_forgets_helpers_that_are_gone_and_keeps_those_that_still_help_it():
+    tw, followed = _teamwork({"h1": None, "h2": {"leading": False, "leader": "leader"}}, ["h1", "h2"])
+    tw.check_team(["h1", "h2"])
+    assert followed == [] and not tw.lead.alone
+    assert tw.lead.helpers() == ["h2"], "h1 did not answer: no longer a member"
+    tw, followed = _teamwork({}, ["h1"])
+    tw.check_team(["h1"])
+    assert followed == [] and tw.lead.alone and tw.lead.holds(10)
+
+
+# ---------------------------------------------------------------------------------------------------- adapters
+
+
+def test_an_adapter_whose_announcers_are_gone_is_fetched_from_other_peers(tmp_path):
+    from hivemind.p2p import PeerID
+
+    from peer.network.blobs import BlobUnavailable
+    from peer.roles.adapters import fetch_adapter
+
+    gone, holder, stranger = (PeerID(hashlib.sha256(n).digest()) for n in (b"gone", b"holder", b"stranger"))
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"adapter")
+    asked = []
+
+    class Blobs:
+        def fetch(self, sha256, size, providers, timeout, shuffle):
+            asked.append(list(providers))
+            if holder in providers:
+                return blob
+            raise BlobUnavailable(f"none of {len(providers)} delivered")
+
+    assert fetch_adapter(Blobs(), sha("a"), 7, [gone.to_base58()], lambda: [gone, stranger, holder], 5.0) == b"adapter"
+    assert asked[0] == [gone] and sorted(asked[1], key=str) == sorted([stranger, holder], key=str)
+    asked.clear()
+    with pytest.raises(BlobUnavailable):
+        fetch_adapter(Blobs(), sha("a"), 7, [gone.to_base58()], lambda: [gone], 5.0)
+    assert asked == [[gone]], "nobody else to ask: the announcers' failure is the answer"
