@@ -151,3 +151,17 @@ def fingerprint(identity: Path) -> str:
 
     public = RSASignatureValidator(load_signing_key(str(identity))).local_public_key[len(b"[owner:") : -1]
     return key_fingerprint(public)
+
+
+def status(run_id: str, maddrs: list[str], *extra: str) -> dict:
+    """``hivegrpo status --json`` as a user runs it, through any of ``maddrs``."""
+    peers = [a for m in maddrs for a in ("--initial-peers", m)]
+    out = subprocess.run(
+        [sys.executable, "-m", "peer.cli", "status", "--run-id", run_id, *peers, *LOOPBACK, "--json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)

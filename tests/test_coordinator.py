@@ -6,7 +6,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 import warnings
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import LOOPBACK, join_args, start_host, wait_until
+from tests.swarm_helpers import join_args, start_host, status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -29,20 +28,6 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 REWARD_BLUE = (0x2B, 0x6C, 0xB0)  # the reward series' colour on the page
-
-
-def status(run_id: str, maddrs: list[str], *extra: str) -> dict:
-    """``hivegrpo status --json`` as a user runs it, through any of ``maddrs``."""
-    peers = [a for m in maddrs for a in ("--initial-peers", m)]
-    out = subprocess.run(
-        [sys.executable, "-m", "peer.cli", "status", "--run-id", run_id, *peers, *LOOPBACK, "--json", *extra],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
 
 
 def get(url: str) -> bytes:

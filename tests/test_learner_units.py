@@ -324,6 +324,25 @@ def test_the_fetcher_reads_every_group_published_into_its_window_once(setup):
     assert found == [(3, 10)] and 1 < polls <= _Fetcher.FULL_EVERY, "read by the next whole-window read"
 
 
+def test_the_fetcher_does_not_read_what_banned_signers_publish(setup):
+    from peer.network.buckets import MemoryBucketStore
+    from peer.roles.learner_io import Fetcher as _Fetcher
+
+    entries: dict = {}
+    store_a, store_b = MemoryBucketStore(A, entries), MemoryBucketStore(B, entries)
+    banned: dict = {}
+    fetcher = _Fetcher(store_a, window=4, interval=0.01, skip=banned)
+    store_a.publish(setup.groups[A][0])
+    store_b.publish(setup.groups[B][0])
+    banned[B] = "replay"  # the intake's bans, as the learner shares them
+    fetcher.poll()
+    got = [fetcher.queue.get_nowait() for _ in range(fetcher.queue.qsize())]
+    assert [f.owner for f in got] == [A]
+    del banned[B]
+    fetcher.poll()
+    assert [fetcher.queue.get_nowait().owner for _ in range(fetcher.queue.qsize())] == [B], "not marked seen"
+
+
 # --- an update in shares (several learners, peer.roles.update) -------------------------------------------------------
 
 
@@ -444,3 +463,53 @@ def test_a_private_swarms_leader_answers_only_invited_learners():
     assert refused["error"].startswith("not authorized (no invite")
     assert asyncio.run(lead.handle("member", {"op": "probe", "invite": "hgi1.good"}))["leading"] is True
     assert lead.helpers() == []  # the stranger was never taken for a helper
+
+
+def _made_up(setup, owner: bytes, seq: int, version: int, sha: str) -> GroupRecord:
+    """What a peer flooding the buckets without sampling anything sends (tests/procs/flooder.py)."""
+    from tests.procs.flooder import made_up_group
+
+    return made_up_group(setup.spec, setup.tokenizer, owner, PEER_ID, seq, version, sha)
+
+
+def test_a_flood_100_times_the_honest_rate_stays_under_the_cap_and_in_bounded_memory(setup):
+    """Signer A publishes 100 groups per version (spot checks off: as if they were honest), B one: every update
+    takes at most the cap from A, and what the intake keeps of A (pool, seqs) stays bounded however long it goes."""
+    from peer.roles.intake import FORGET_EVERY, FORGET_MARGIN
+
+    it = intake(setup, batch=4, share_cap=0.5)
+    tau_max = setup.spec.staleness.tau_max
+    seq_a = seq_b = 0
+    sizes, versions = [], 60
+    for version in range(versions):
+        sha = hashlib.sha256(f"v{version}".encode()).hexdigest()
+        it.known[version] = sha
+        for _ in range(100):
+            assert it.add(entry(A, _made_up(setup, A, seq_a, version, sha)), version) is None
+            seq_a += 1
+        for _ in range(2):
+            assert it.add(entry(B, _made_up(setup, B, seq_b, version, sha)), version) is None
+            seq_b += 1
+        chosen = it.take(version)
+        assert chosen is not None
+        assert sum(a.owner == A for a in chosen) <= it.cap(version) == 2, "A over its share"
+        sizes.append((len(it.pool[A]), len(it.seqs[A])))
+    assert A not in it.banned and B not in it.banned
+    bound = it.batch * (tau_max + 1)
+    assert max(pool for pool, _ in sizes) <= bound, "the pool of one signer is bounded"
+    remembered = 100 * (tau_max + 1 + FORGET_MARGIN + FORGET_EVERY)
+    assert max(seqs for _, seqs in sizes) <= remembered, "the seqs remembered grow with the run"
+    assert sizes[-1][1] <= remembered and it.floor[A] > 0
+
+
+def test_a_replay_of_a_seq_long_forgotten_still_bans_and_an_old_entry_read_again_does_not(setup):
+    it = intake(setup, batch=4)
+    for g in setup.groups[A][:4]:  # seqs 0..3 with v0
+        assert it.add(entry(A, g), 0) is None
+    it.forget(10)  # the learner is far past v0 now
+    assert it.seqs[A] == {} and it.floor[A] == 3
+    assert it.add(entry(A, setup.groups[A][2]), 20) == "stale", "an old entry read again is only stale"
+    assert A not in it.banned
+    it.known[19] = SHA1
+    replayed = changed(setup.groups[A][1], version=19, adapter_sha256=SHA1)  # seq 1 re-tagged as new
+    assert it.add(entry(A, replayed), 20).reason == "replay" and A in it.banned

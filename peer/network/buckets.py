@@ -75,8 +75,11 @@ class BucketStore(abc.ABC):
             self.publish(group)
 
     @abc.abstractmethod
-    def fetch(self, min_version: int, max_version: int, seen: Container[GroupId] = ()) -> list[Fetched]:
-        """Entries of versions ``min_version..max_version`` (inclusive) whose id is not in ``seen``."""
+    def fetch(
+        self, min_version: int, max_version: int, seen: Container[GroupId] = (), skip: Container[bytes] = ()
+    ) -> list[Fetched]:
+        """Entries of versions ``min_version..max_version`` (inclusive) whose id is not in ``seen``, and not signed
+        by a key in ``skip`` (banned signers: their entries are neither parsed nor fetched)."""
 
     def count(self, min_version: int, max_version: int) -> int:
         """How many entries the range holds now (a cheap upper bound for backpressure)."""
@@ -102,10 +105,12 @@ class MemoryBucketStore(BucketStore):
     def publish(self, group: GroupRecord) -> None:
         self.entries[(self.owner, group.version, group.seq)] = (self._clock() + self.expiration, pack(group))
 
-    def fetch(self, min_version: int, max_version: int, seen: Container[GroupId] = ()) -> list[Fetched]:
+    def fetch(
+        self, min_version: int, max_version: int, seen: Container[GroupId] = (), skip: Container[bytes] = ()
+    ) -> list[Fetched]:
         now, versions, out = self._clock(), _versions(min_version, max_version), []
         for (owner, version, seq), (expires, data) in list(self.entries.items()):
-            if version in versions and expires > now and (owner, version, seq) not in seen:
+            if version in versions and expires > now and (owner, version, seq) not in seen and owner not in skip:
                 out.append(_parse_packed(owner, version, seq, data))
         return out
 
@@ -163,7 +168,9 @@ class DHTBucketStore(BucketStore):
         subkey = group_subkey(self.swarm.public_key, first.version, first.seq)
         return key, subkey, to_dht_value(entry)
 
-    def fetch(self, min_version: int, max_version: int, seen: Container[GroupId] = ()) -> list[Fetched]:
+    def fetch(
+        self, min_version: int, max_version: int, seen: Container[GroupId] = (), skip: Container[bytes] = ()
+    ) -> list[Fetched]:
         out = []
         for version in _versions(min_version, max_version):
             for subkey, item in self.swarm.get_dict(bucket_key(self.swarm.run_id, version)).items():
@@ -171,7 +178,7 @@ class DHTBucketStore(BucketStore):
                     owner, v, seq = parse_group_subkey(subkey)
                 except (RecordError, UserError, ValueError):
                     continue  # the validators refuse such subkeys; nothing to attribute it to
-                if v != version:  # another version sharing this ring slot
+                if v != version or owner in skip:  # another version sharing this ring slot; a banned signer
                     continue
                 count = _count_of(item.value)
                 if all((owner, v, seq + i) in seen for i in range(count)):

@@ -7,7 +7,10 @@ with an in-memory bucket store. For each entry, in order:
 2. an entry that did not parse is refused as ``schema`` (not banned: a blob may have been cut in transit);
 3. a ``seq`` the signer already used under another adapter version is a **replay**: refused, signer banned; the
    same entry read twice (same version and seq, e.g. again after a restart) is a ``duplicate``, refused and
-   forgiven: it is never used twice;
+   forgiven: it is never used twice. The seqs of versions that left the window are forgotten, keeping only the
+   highest (the signer's *floor*): an honest peer numbers its groups in the order it samples them, with versions
+   that never go back, so a group inside the window whose seq is at or below the floor was re-tagged — a replay;
+   one outside it is stale anyway. The memory of seqs is so bounded by the window, not by the run's length;
 4. a group more than ``tau_max`` versions behind is dropped as stale;
 5. :func:`~peer.roles.verify.check_group` (shape, vocabulary, adapter version + sha256, the prompt re-derived from
    the signer's seed and seq, every reward recomputed): a refusal bans the signer — except an adapter version this
@@ -43,6 +46,8 @@ from peer.roles.verify import Refused, check_group
 
 FORGIVEN = ("schema", "duplicate", "unknown_version", "lineage", "surplus")
 """Refusal reasons that do not ban the signer."""
+FORGET_MARGIN = 2  # versions beyond the window whose seqs are still remembered one by one
+FORGET_EVERY = 8  # versions between two passes that forget old seqs
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,8 @@ class Intake:
         self.rng = rng or random.Random(os.urandom(16))
         self.known: dict[int, str] = {}  # adapter version -> sha256 of this learner's lineage
         self.banned: dict[bytes, str] = {}  # signer -> why
-        self.seqs: dict[bytes, dict[int, int]] = defaultdict(dict)  # signer -> seq -> version it came with
+        self.seqs: dict[bytes, dict[int, int]] = defaultdict(dict)  # signer -> seq -> version (recent versions)
+        self.floor: dict[bytes, int] = {}  # signer -> the highest seq forgotten (its version left the window)
         self.used: dict[bytes, dict[int, int]] = defaultdict(dict)  # the same, of groups an update took
         self.pool: dict[bytes, list[Accepted]] = defaultdict(list)
         self.last_verified: dict[bytes, int] = {}  # signer -> newest version of a verified group
@@ -90,6 +96,7 @@ class Intake:
         self.counts: Counter = Counter()  # ignored_banned, dropped_stale, checked, admitted
         self.rejected: Counter = Counter()  # reason -> groups
         self.rejected_by: Counter = Counter()  # signer -> groups refused
+        self._forgotten_at = 0  # the learner's version at the last forget()
 
     # --- reading ---------------------------------------------------------------------------------------------------
 
@@ -112,8 +119,16 @@ class Intake:
             return self._refuse(
                 owner, Refused("replay", f"seq {group.seq} was already published by this signer, with v{seen}")
             )
+        stale = version - group.version > self.spec.staleness.tau_max
+        if group.seq <= self.floor.get(owner, -1) and not stale:
+            return self._refuse(
+                owner,
+                Refused(
+                    "replay", f"seq {group.seq} is at or below seqs this signer published with versions long gone"
+                ),
+            )
         self.seqs[owner][group.seq] = group.version
-        if version - group.version > self.spec.staleness.tau_max:
+        if stale:
             self.counts["dropped_stale"] += 1
             return "stale"
         if group.version not in self.known:
@@ -158,6 +173,18 @@ class Intake:
             kept = [a for a in groups if a.group.version >= oldest]
             self.counts["dropped_stale"] += len(groups) - len(kept)
             groups[:] = kept
+        if version >= self._forgotten_at + FORGET_EVERY:
+            self.forget(oldest - FORGET_MARGIN)
+
+    def forget(self, before: int) -> None:
+        """Forget the seqs of versions older than ``before``, keeping each signer's highest as its floor."""
+        self._forgotten_at = before + FORGET_MARGIN + self.spec.staleness.tau_max
+        for owner, seqs in self.seqs.items():
+            old = [s for s, v in seqs.items() if v < before]
+            if old:
+                self.floor[owner] = max(self.floor.get(owner, -1), *old)
+                for s in old:
+                    del seqs[s]
 
     def contributors(self, version: int) -> int:
         oldest = version - self.spec.staleness.tau_max

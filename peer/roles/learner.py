@@ -226,7 +226,7 @@ class LearnerPeer:
 
     def start_fetcher(self) -> None:
         s = self.session
-        self.fetcher = Fetcher(self.store, s.spec.staleness.tau_max, self.config.poll_interval)
+        self.fetcher = Fetcher(self.store, s.spec.staleness.tau_max, self.config.poll_interval, self.intake.banned)
         self.fetcher.version = s.version
         self.fetcher.start()
 
@@ -353,7 +353,7 @@ class LearnerPeer:
                 for a, refused in zip(
                     these, check_logprobs_many(s.model, [a.group for a in these], s.spec, tolerance), strict=True
                 ):
-                    if refused is not None:
+                    if refused is not None and a.owner not in self.intake.banned:
                         logger.warning("banned %s for this run: %s", key_fingerprint(a.owner), refused)
                     self.intake.checked(a, refused)
         finally:
@@ -402,7 +402,8 @@ class LearnerPeer:
         """The model now holds the next version (made here or applied from the leader): journal, keep, announce,
         log it."""
         s, c = self.session, self.config
-        if c.checkpoint_dir:  # before anyone can see the version: a restart after a crash resumes from it
+        if c.checkpoint_dir:  # before anyone can see the version (a helper's next request says it holds it): a
+            s.blobs.cache.put_bytes(blob, sha256=sha)  # restart after a crash resumes from the journal and this blob
             append_journal(c.checkpoint_dir, s.version + 1, sha, parent, intake_delta)
         s.version, s.sha, s.blob = s.version + 1, sha, blob
         self.parent_sha = parent

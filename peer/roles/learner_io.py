@@ -27,8 +27,9 @@ class Fetcher:
 
     FULL_EVERY = 8
 
-    def __init__(self, store, window: int, interval: float):
+    def __init__(self, store, window: int, interval: float, skip=()):
         self.store = store
+        self.skip = skip  # signers whose entries are not even read (the intake's bans; a live view)
         self.window = window
         self.interval = interval
         self.version = 0
@@ -60,9 +61,9 @@ class Fetcher:
         hi = version - self.window - 1  # the versions that left the window since the last poll: their last read
         lo = max(0, self._last - self.window, hi - self.FULL_EVERY + 1)  # a jump (a resume) reads a few, not all
         try:
-            fetched = self.store.fetch(max(0, version - depth), version, self._seen)
+            fetched = self.store.fetch(max(0, version - depth), version, self._seen, self.skip)
             if hi >= lo:
-                fetched += self.store.fetch(lo, hi, self._seen)
+                fetched += self.store.fetch(lo, hi, self._seen, self.skip)
             self._last = version
         except Exception as e:  # the network boundary: say it, try again
             self.errors += 1

@@ -157,9 +157,23 @@ def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
 
 
 def _load_newest_adapter(session: Session) -> None:
+    """The newest announced adapter that some peer still serves (a version whose announcers died before anyone
+    fetched it is skipped, with a warning); v0, rebuilt here, when none is announced."""
+    from peer.network.blobs import BlobUnavailable
+
     manifest = session.spec.manifest
-    found = newest_announcement(announcements(session.swarm))
+    records = announcements(session.swarm)
     v0 = adapter_to_bytes(session.model)
+    while (found := newest_announcement(records)) is not None and found.version > 0:
+        try:
+            blob = session.fetch_adapter(found.sha256, found.size, found.providers)
+        except BlobUnavailable as e:
+            logger.warning("announced adapter v%d is served by nobody now (%s); trying an older one", found.version, e)
+            records = [(k, r) for k, r in records if r.version < found.version]
+            continue
+        session.swap(found.version, found.sha256, blob)
+        session.parent = found.parent_sha256
+        return
     if found is None or (found.version == 0 and found.sha256 == sha256_hex(v0)):
         if sha256_hex(v0) != manifest.adapter0_sha256:
             raise AdapterError(
@@ -171,7 +185,6 @@ def _load_newest_adapter(session: Session) -> None:
         session.heartbeat.update(adapter_version=0)
         return
     session.swap(found.version, found.sha256, session.fetch_adapter(found.sha256, found.size, found.providers))
-    session.parent = found.parent_sha256
 
 
 __all__ = ["Session", "SessionConfig", "default_cache_dir", "open_session"]

@@ -5,8 +5,9 @@ Usage: python tests/procs/liar_rollout.py MODE join ARGS...   (ARGS as for ``hiv
 MODE ``inflate``: every group claims reward 1.0 for every completion (0.0 where the honest rewards were all 1.0,
 so every group is a lie). MODE ``replay``: behaves honestly, except that the first time it samples with a newer
 adapter version than its first group's, it first re-publishes that first group re-tagged with the new version
-and its sha256 (the same seq: a group counted twice), then goes on honestly. Signatures are the liar's own and
-valid: only the content lies.
+and its sha256 (the same seq: a group counted twice), then goes on honestly. MODE ``forge``: every group claims
+behaviour log-probs of -0.01 per token ("the model was sure"), which skews the ratio a learner computes; only a
+recomputation (the learner's spot check) can tell. Signatures are the liar's own and valid: only the content lies.
 """
 
 import os
@@ -42,7 +43,13 @@ def patch(mode: str) -> None:
             honest_put(self, copy)
         honest_put(self, group)
 
-    rollout._Publisher.put = {"inflate": inflate, "replay": replay}[mode]
+    def forge(self, group):
+        from peer.protocol import Completion
+
+        sure = [Completion.of(c.tokens(), [-0.01] * len(c.tokens())) for c in group.completions]
+        honest_put(self, group.copy(update={"completions": sure}))
+
+    rollout._Publisher.put = {"inflate": inflate, "replay": replay, "forge": forge}[mode]
 
 
 if __name__ == "__main__":
