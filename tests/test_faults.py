@@ -87,152 +87,212 @@ def _lineage(ledgers: list[list[dict]], head: str) -> list[dict]:
     return chain[::-1]
 
 
-@pytest.mark.timeout(600)
-def test_a_swarm_goes_on_through_dead_and_frozen_peers_and_loses_no_version(tmp_path, procs, reader):
-    host, info = start_host(procs, tmp_path, "faults", "--groups-per-version", "4", new_session=True)
-    net = join_args(info)
+class Run:
+    """The peers of one fault test, each in a process group of its own, and what they wrote."""
 
-    def learner(name: str, ledger: Path, label: str | None = None):
-        args = ["learn", *net, "--cache-dir", str(tmp_path / name), "--checkpoint-dir", str(tmp_path / f"{name}.ckpt")]
-        args += ["--identity", str(tmp_path / f"{name}.id"), "--ledger", str(ledger), "--json"]
-        return procs.start(label or name, *args, new_session=True)
+    def __init__(self, procs, tmp_path: Path, reader, run_id: str):
+        self.procs, self.root = procs, tmp_path
+        self.host, self.info = start_host(procs, tmp_path, run_id, "--groups-per-version", "4", new_session=True)
+        self.net = join_args(self.info)
+        self.peers: dict = {}
+        self.ledgers: dict[str, Path] = {}
+        swarm, _ = reader(run_id, self.info["initial_peers"])
+        self.watch = Watch(swarm).start()
 
-    def rollout(name: str):
-        args = ["join", *net, "--cache-dir", str(tmp_path / name), "--identity", str(tmp_path / f"{name}.id")]
-        return procs.start(name, *args, "--batch-size", "4", "--json", new_session=True)
+    def learner(self, name: str, label: str | None = None, checkpoint: bool = True):
+        """``hivegrpo learn`` with identity, cache (and checkpoint directory) named ``name``; ``label``: its log and
+        ledger (a restart of ``name`` under another label keeps the first run's files)."""
+        label = label or name
+        self.ledgers[label] = self.root / f"{label}.jsonl"
+        args = ["learn", *self.net, "--cache-dir", str(self.root / name), "--identity", str(self.root / f"{name}.id")]
+        if checkpoint:
+            args += ["--checkpoint-dir", str(self.root / f"{name}.ckpt")]
+        args += ["--ledger", str(self.ledgers[label]), "--json"]
+        self.peers[label] = self.procs.start(label, *args, new_session=True)
+        return self.peers[label]
 
-    fp = {name: fingerprint(tmp_path / f"{name}.id") for name in ("r1", "r2", "r3")}
-    ledgers = {name: tmp_path / f"{name}.jsonl" for name in ("a", "b", "a2", "b2")}
-    peers = {"r1": rollout("r1"), "r2": rollout("r2"), "r3": rollout("r3"), "a": learner("a", ledgers["a"])}
-    swarm, _ = reader("faults", info["initial_peers"])
-    watch = Watch(swarm).start()
+    def rollout(self, name: str):
+        args = ["join", *self.net, "--cache-dir", str(self.root / name), "--identity", str(self.root / f"{name}.id")]
+        self.peers[name] = self.procs.start(name, *args, "--batch-size", "4", "--json", new_session=True)
+        return self.peers[name]
 
-    def alive():
-        return [p for p in peers.values() if p is not None and p.pid not in procs.frozen]
+    def alive(self) -> list:
+        return [p for p in self.peers.values() if p.poll() is None and p.pid not in self.procs.frozen]
 
-    def made(*names: str) -> int:
-        """The newest version in these learners' ledgers (their own files: read now, no network in between)."""
-        return max((line["version"] for n in names for line in read_ledger(ledgers[n])), default=0)
+    def made(self, *labels: str) -> int:
+        """The newest version in these learners' ledgers (all by default): their own files, read now."""
+        labels = labels or tuple(self.ledgers)
+        return max((line["version"] for n in labels for line in read_ledger(self.ledgers[n])), default=0)
 
-    def advance(n: int, what: str, timeout: float = 120.0, by: tuple[str, ...] = ("a", "b", "a2")) -> int:
-        start = made("a", "b", "a2")
-        wait_until(lambda: made(*by) >= start + n, f"{n} more versions {what}", timeout, alive())
-        return made(*by)
+    def advance(self, n: int, what: str, timeout: float = 120.0, by: tuple[str, ...] = ()) -> int:
+        start = self.made()
+        wait_until(lambda: self.made(*by) >= start + n, f"{n} more versions {what}", timeout, self.alive())
+        return self.made(*by)
 
-    def peer_id(name: str) -> str:
+    def peer_id(self, name: str) -> str:
         from hivemind.p2p import PeerID
 
-        identity = tmp_path / f"{name}.id"
+        identity = self.root / f"{name}.id"
         wait_until(identity.exists, f"{name}'s identity file", 60)
         return PeerID.from_identity(identity.read_bytes()).to_base58()
 
+    def stop(self, *labels: str) -> dict[str, dict]:
+        """SIGTERM these peers, then the host; their ``--json`` summaries (each must exit 0)."""
+        for label in labels:
+            self.peers[label].send_signal(signal.SIGTERM)
+        summaries = {label: _summary(self.peers[label]) for label in labels}
+        self.host.send_signal(signal.SIGTERM)
+        self.host.communicate(timeout=90)
+        self.watch.stop()
+        assert all(self.peers[n].returncode == 0 for n in labels), {n: p.returncode for n, p in self.peers.items()}
+        assert self.host.returncode == 0, self.procs.log(self.host)[-2000:]
+        return summaries
+
+    def check_one_lineage(self, head: dict) -> dict:
+        """Nothing announced twice with different bytes, nothing announced lost, every group used once, no
+        version going backwards, nobody banned — up to ``head`` (a learner's final summary). Returns the counts."""
+        watch = self.watch
+        forks = {v: shas for v, shas in watch.announced.items() if len(shas) > 1}
+        assert not forks, f"versions announced with two adapters: {forks}"
+        chain = _lineage([read_ledger(path) for path in self.ledgers.values()], head["adapter_sha256"])
+        assert [line["version"] for line in chain] == list(range(1, head["adapter_version"] + 1))
+        on_chain = {(line["version"], line["sha256"]) for line in chain}
+        lost = {(v, sha) for v, shas in watch.announced.items() for sha in shas if v > 0 and (v, sha) not in on_chain}
+        assert not lost, f"announced versions that are not in the final lineage: {sorted(lost)}"
+        ids = [tuple(i) for line in chain for i in line["ids"]]
+        assert len(ids) == len(set(ids)), "a group used by two versions of the lineage"
+        for peer_id, versions in watch.versions.items():
+            held = [v for v in versions if v >= 0]  # -1: starting, nothing held yet (a restarted peer)
+            assert held == sorted(held), f"{peer_id} went from one version back to an older one: {versions}"
+        banned = {b for line in chain for b in line["banned"]}
+        assert not banned, f"honest peers banned: {banned}"  # a thawed peer's late groups are stale, not lies
+        assert watch.errors < 10
+        return {
+            "versions": head["adapter_version"],
+            "announced_versions_seen": len(watch.announced),
+            "forks": len(forks),
+            "announced_lost": len(lost),
+            "groups_used": len(ids),
+            "groups_used_twice": len(ids) - len(set(ids)),
+        }
+
+
+@pytest.mark.timeout(600)
+def test_a_swarm_goes_on_through_dead_and_frozen_peers_and_loses_no_version(tmp_path, procs, reader):
+    run = Run(procs, tmp_path, reader, "faults")
+    fp = {name: fingerprint(tmp_path / f"{name}.id") for name in ("r1", "r2", "r3")}
+    for name in ("r1", "r2", "r3"):
+        run.rollout(name)
+    run.learner("a")
+    watch, peers = run.watch, run.peers
     timeline: dict = {}
-    advance(2, "from the first learner")
-    peers["b"] = learner("b", ledgers["b"])
+    run.advance(2, "from the first learner")
+    run.learner("b")
     wait_until(lambda: len(watch.leading) == 2 and watch.leader() is not None, "two learners, one leading", 90)
-    advance(3, "from the team")
+    run.advance(3, "from the team")
 
     # a rollout peer dies
     procs.kill_group(peers.pop("r1"))
-    advance(3, "after a rollout peer died")
-    timeline["rollout_killed"] = 1
+    run.advance(3, "after a rollout peer died")
 
     # a rollout peer hangs, then comes back: its groups are used again
     procs.freeze(peers["r2"])
-    advance(2, "while a rollout peer is frozen")
+    run.advance(2, "while a rollout peer is frozen")
     time.sleep(12.0)
     procs.thaw(peers["r2"])
-    thawed_at = made("a", "b")
+    thawed_at = run.made()
 
     def r2_used_after_thaw() -> bool:
-        lines = [line for name in ("a", "b") for line in read_ledger(ledgers[name])]
+        lines = [line for name in ("a", "b") for line in read_ledger(run.ledgers[name])]
         return any(i[0] == fp["r2"] for line in lines if line["version"] > thawed_at for i in line.get("ids", []))
 
-    wait_until(r2_used_after_thaw, "the thawed rollout peer's groups in an update", 120, alive())
+    wait_until(r2_used_after_thaw, "the thawed rollout peer's groups in an update", 120, run.alive())
 
     # the coordinator hangs: nobody needs it
-    procs.freeze(host)
+    procs.freeze(run.host)
     t0 = time.monotonic()
-    advance(3, "while the coordinator is frozen")
+    run.advance(3, "while the coordinator is frozen")
     timeline["3_versions_with_coordinator_frozen_s"] = time.monotonic() - t0
-    procs.thaw(host)
+    procs.thaw(run.host)
 
     # the leading learner hangs: the other takes over; thawed, the first helps the second
     leader = watch.leader()
     assert leader is not None, watch.leading
-    by_id = {peer_id(name): name for name in ("a", "b")}
-    frozen_name = by_id[leader]
-    other = "b" if frozen_name == "a" else "a"
-    procs.freeze(peers[frozen_name])
-    t0, before_freeze = time.monotonic(), made("a", "b")
-    wait_until(lambda: made(other) > before_freeze, "a version from the other learner", 120, alive())
+    frozen = {run.peer_id(name): name for name in ("a", "b")}[leader]
+    other = "b" if frozen == "a" else "a"
+    procs.freeze(peers[frozen])
+    t0, before_freeze = time.monotonic(), run.made()
+    wait_until(lambda: run.made(other) > before_freeze, "a version from the other learner", 120, run.alive())
     timeline["takeover_after_leader_froze_s"] = time.monotonic() - t0
-    advance(3, "from the other learner while the leader is frozen", by=(other,))
-    procs.thaw(peers[frozen_name])
+    run.advance(3, "from the other learner while the leader is frozen", by=(other,))
+    procs.thaw(peers[frozen])
     wait_until(
-        lambda: watch.leading.get(leader) is False and watch.leader() == peer_id(other),
+        lambda: watch.leading.get(leader) is False and watch.leader() == run.peer_id(other),
         "the thawed learner helping the new leader",
         90,
-        alive(),
+        run.alive(),
     )
-    advance(3, "with the thawed learner helping")
+    run.advance(3, "with the thawed learner helping")
 
     # both learners die at once (between checkpoints); one comes back and resumes from its checkpoint + journal
-    own = [line for line in read_ledger(ledgers["a"]) if not line.get("no_signal")][-1]  # what "a" held last
+    own = [line for line in read_ledger(run.ledgers["a"]) if not line.get("no_signal")][-1]  # what "a" held last
     for name in ("a", "b"):
         procs.kill_group(peers.pop(name))
-    before = {p: watch.last_seen.get(p, 0.0) for p in watch.last_seen}
+    rollout_ids = [run.peer_id(name) for name in ("r2", "r3")]
+    before = {p: watch.last_seen.get(p, 0.0) for p in rollout_ids}
     time.sleep(12.0)
-    rollout_ids = [peer_id(name) for name in ("r2", "r3")]
     assert all(peers[name].poll() is None for name in ("r2", "r3")), "a rollout peer exited without its learners"
-    assert any(watch.last_seen.get(p, 0.0) > before.get(p, 0.0) for p in rollout_ids), "rollout peers went silent"
+    assert any(watch.last_seen.get(p, 0.0) > before[p] for p in rollout_ids), "rollout peers went silent"
     t0 = time.monotonic()
-    peers["a2"] = learner("a", ledgers["a2"], "a2")  # the same identity, cache and checkpoint directory as "a"
-    advance(3, "from the restarted learner", 180)
+    run.learner("a", "a2")  # the same identity, cache and checkpoint directory as "a"
+    run.advance(3, "from the restarted learner", 180)
     timeline["restart_to_3_versions_s"] = time.monotonic() - t0
 
-    # stop everything cleanly
-    for name in ("r2", "r3", "a2"):
-        peers[name].send_signal(signal.SIGTERM)
-    summaries = {name: _summary(peers[name]) for name in ("r2", "r3", "a2")}
-    host.send_signal(signal.SIGTERM)
-    host.communicate(timeout=90)
-    watch.stop()
-    assert all(peers[name].returncode == 0 for name in ("r2", "r3", "a2")), {n: p.returncode for n, p in peers.items()}
-    assert host.returncode == 0, procs.log(host)[-2000:]
-
-    # the resumed learner started where the lineage was, from its own checkpoint and journal
+    summaries = run.stop("r2", "r3", "a2")
     resumed = summaries["a2"]
-    assert resumed["resumed_from"].startswith("checkpoint"), resumed
-    first_after = next(line for line in read_ledger(ledgers["a2"]) if not line.get("no_signal"))
+    assert resumed["resumed_from"].startswith("checkpoint"), resumed  # its own checkpoint and journal
+    first_after = next(line for line in read_ledger(run.ledgers["a2"]) if not line.get("no_signal"))
     assert (first_after["version"], first_after["parent_sha256"]) == (own["version"] + 1, own["sha256"])
-
-    # one lineage: nothing announced twice with different bytes, nothing announced lost, every group used once
-    forks = {v: shas for v, shas in watch.announced.items() if len(shas) > 1}
-    assert not forks, f"versions announced with two adapters: {forks}"
-    lines = [read_ledger(path) for path in ledgers.values()]
-    chain = _lineage(lines, resumed["adapter_sha256"])
-    assert [line["version"] for line in chain] == list(range(1, resumed["adapter_version"] + 1))
-    on_chain = {(line["version"], line["sha256"]) for line in chain}
-    lost = {(v, sha) for v, shas in watch.announced.items() for sha in shas if v > 0 and (v, sha) not in on_chain}
-    assert not lost, f"announced versions that are not in the final lineage: {sorted(lost)}"
-    ids = [tuple(i) for line in chain for i in line["ids"]]
-    assert len(ids) == len(set(ids)), "a group used by two versions of the lineage"
-    # no peer's version ever went backwards
-    for peer_id, versions in watch.versions.items():
-        held = [v for v in versions if v >= 0]  # -1: starting, nothing held yet (the restarted learner)
-        assert held == sorted(held), f"{peer_id} went from one version back to an older one: {versions}"
-    # the thawed rollout peer was not banned; its stale groups were dropped, not refused
-    banned = {b for line in chain for b in line["banned"]}
-    assert not banned, f"honest peers banned: {banned}"
-    assert watch.errors < 10
-    timeline.update(
-        versions=resumed["adapter_version"],
-        announced_versions_seen=len(watch.announced),
-        forks=len(forks),
-        announced_lost=len(lost),
-        groups_used=len(ids),
-        groups_used_twice=len(ids) - len(set(ids)),
-        resumed_from=resumed["resumed_from"],
-    )
+    timeline.update(run.check_one_lineage(resumed), resumed_from=resumed["resumed_from"])
     (tmp_path / "faults.json").write_text(json.dumps(timeline))  # the figures docs/reliability.md reports
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_frozen_helper_and_a_helper_restarted_without_a_checkpoint_rejoin_the_lineage(tmp_path, procs, reader):
+    run = Run(procs, tmp_path, reader, "faults2")
+    for name in ("r1", "r2"):
+        run.rollout(name)
+    run.learner("a")
+    run.advance(2, "from the first learner")
+    run.learner("b")
+    watch = run.watch
+    wait_until(lambda: len(watch.leading) == 2 and watch.leader() is not None, "two learners, one leading", 90)
+    run.advance(3, "from the team")
+    leader = {run.peer_id(name): name for name in ("a", "b")}[watch.leader()]
+    helper = "b" if leader == "a" else "a"
+    timeline: dict = {}
+
+    # the helper hangs: the leader stops waiting for it, and its versions are announced again without it
+    procs.freeze(run.peers[helper])
+    announced = run.made(leader)  # the leader's own ledger: every version announced later was made after this
+    t0 = time.monotonic()
+    wait_until(lambda: max(watch.announced, default=0) >= announced + 3, "announcements without the helper", 120)
+    timeline["announcing_again_after_helper_froze_s"] = time.monotonic() - t0
+    procs.thaw(run.peers[helper])
+    thawed_at = run.made(leader)
+    wait_until(lambda: run.made(helper) > thawed_at, "the thawed helper applying the leader's versions", 90)
+
+    # the helper dies and comes back with no checkpoint: it takes the team's state from the leader
+    procs.kill_group(run.peers.pop(helper))
+    run.advance(2, "after the helper died", by=(leader,))
+    run.learner(helper, f"{helper}2", checkpoint=False)
+    wait_until(lambda: len(read_ledger(run.ledgers[f"{helper}2"])) >= 3, "3 steps applied by the restarted helper")
+
+    summaries = run.stop("r1", "r2", leader, f"{helper}2")
+    assert summaries[f"{helper}2"]["team"].get("states", 0) >= 1, summaries[f"{helper}2"]["team"]  # from its peers
+    made = {n: {ln["version"]: ln["sha256"] for ln in read_ledger(run.ledgers[n])} for n in (leader, f"{helper}2")}
+    common = set(made[leader]) & set(made[f"{helper}2"])
+    assert len(common) >= 3 and all(made[leader][v] == made[f"{helper}2"][v] for v in common)
+    timeline.update(run.check_one_lineage(summaries[leader]))
+    (tmp_path / "faults2.json").write_text(json.dumps(timeline))

@@ -164,6 +164,23 @@ def test_the_share_cap_holds_a_flooding_peer_while_others_contribute(setup):
     )
 
 
+def test_a_peer_that_died_stops_holding_the_others_to_the_cap(setup):
+    """Counting contributors by version alone, an update would wait forever for a dead peer's share: no version
+    is made, so the dead peer's last groups never leave the window."""
+    now = [0.0]
+    it = Intake(setup.spec, setup.tokenizer, batch=4, check_rate=0.0, rng=random.Random(3), clock=lambda: now[0])
+    it.known.update({0: SHA0})
+    it.add(entry(B, setup.groups[B][0]), 0)  # B contributes, then dies
+    now[0] = 5.0
+    for g in setup.groups[A][:4]:
+        it.add(entry(A, g), 0)
+    assert it.contributors(0) == 2 and it.take(0) is None, "A alone may give 2 of 4 while B counts"
+    now[0] = 5.0 + it.recent  # B's last group is older than `recent`: it no longer counts
+    assert it.contributors(0) == 1
+    chosen = it.take(0)
+    assert chosen is not None and {a.owner for a in chosen} == {A}
+
+
 def test_the_pool_keeps_a_bounded_number_per_peer(setup):
     it = intake(setup, batch=1)
     bound = setup.spec.staleness.tau_max + 1

@@ -26,9 +26,12 @@ update, and nothing it sent at all when the lie is in its first groups (the usua
 
 :meth:`Intake.take` picks the next update's groups, freshest first, with a **per-peer cap**: no signer provides
 more than ``ceil(max(share_cap, 1 / contributors) x n)`` of the ``n`` groups, where *contributors* are the signers
-with a verified group in the staleness window. One peer alone may fill an update; with two or more, a flooding
-peer is held to its cap and the update waits for the others. The pool keeps at most ``n x (tau_max + 1)`` groups
-per signer (the oldest surplus is dropped), so a flood cannot grow the learner's memory.
+with a verified group in the staleness window that arrived in the last ``recent`` seconds. One peer alone may fill
+an update; with two or more, a flooding peer is held to its cap and the update waits for the others — but not for
+peers that died or hang: they stop counting ``recent`` seconds after their last group (counting versions alone,
+an update waiting for a dead peer would wait forever, since no new version moves the window). The pool keeps at
+most ``n x (tau_max + 1)`` groups per signer (the oldest surplus is dropped), so a flood cannot grow the learner's
+memory.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -74,6 +78,8 @@ class Intake:
         share_cap: float = 0.5,
         check_rate: float = 0.1,
         rng: random.Random | None = None,
+        recent: float = 15.0,
+        clock=time.monotonic,
     ):
         if not 0.0 < share_cap <= 1.0:
             raise ValueError(f"share_cap must be in (0, 1], got {share_cap}")
@@ -85,6 +91,7 @@ class Intake:
         self.share_cap = share_cap
         self.check_rate = check_rate
         self.rng = rng or random.Random(os.urandom(16))
+        self.recent, self.clock = recent, clock
         self.known: dict[int, str] = {}  # adapter version -> sha256 of this learner's lineage
         self.banned: dict[bytes, str] = {}  # signer -> why
         self.seqs: dict[bytes, dict[int, int]] = defaultdict(dict)  # signer -> seq -> version (recent versions)
@@ -92,6 +99,7 @@ class Intake:
         self.used: dict[bytes, dict[int, int]] = defaultdict(dict)  # the same, of groups an update took
         self.pool: dict[bytes, list[Accepted]] = defaultdict(list)
         self.last_verified: dict[bytes, int] = {}  # signer -> newest version of a verified group
+        self.last_arrival: dict[bytes, float] = {}  # signer -> clock() when its latest verified group came
         self._pending: list[Accepted] = []
         self.counts: Counter = Counter()  # ignored_banned, dropped_stale, checked, admitted
         self.rejected: Counter = Counter()  # reason -> groups
@@ -137,6 +145,7 @@ class Intake:
         if refused is not None:
             return self._refuse(owner, refused)
         self.last_verified[owner] = max(group.version, self.last_verified.get(owner, -1))
+        self.last_arrival[owner] = self.clock()
         accepted = Accepted(owner, group)
         if self.check_rate and self.rng.random() < self.check_rate:
             self._pending.append(accepted)
@@ -164,6 +173,7 @@ class Intake:
             self.banned[owner] = reason
             self.counts["purged"] += len(self.pool.pop(owner, []))
             self.last_verified.pop(owner, None)
+            self.last_arrival.pop(owner, None)
 
     # --- the next update -------------------------------------------------------------------------------------------
 
@@ -187,8 +197,8 @@ class Intake:
                     del seqs[s]
 
     def contributors(self, version: int) -> int:
-        oldest = version - self.spec.staleness.tau_max
-        return sum(1 for v in self.last_verified.values() if v >= oldest)
+        oldest, since = version - self.spec.staleness.tau_max, self.clock() - self.recent
+        return sum(1 for o, v in self.last_verified.items() if v >= oldest and self.last_arrival[o] >= since)
 
     def cap(self, version: int) -> int:
         """The most groups one signer may give to the next update."""
