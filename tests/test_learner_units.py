@@ -9,72 +9,28 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from coordinator.manifest import RunSettings, build_manifest
 from peer.errors import UserError
 from peer.grpo import staleness_weight
-from peer.model.loading import bundled_path
 from peer.network.buckets import Fetched
 from peer.protocol import GroupRecord, key_fingerprint
 from peer.roles.intake import Intake
 from peer.roles.learner import batch_tensors, learn_step, read_checkpoint, write_checkpoint
-from peer.roles.rollout import build_groups
-from peer.roles.run import run_spec
+from tests.intake_helpers import SHA0, SHA1, changed, new_intake, sample_run
+from tests.intake_helpers import fetched as entry
 
 PEER_ID = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
 A = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/peer-a=="
 B = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/peer-b=="
 C = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/peer-c=="
-SHA0 = hashlib.sha256(b"adapter v0").hexdigest()
-SHA1 = hashlib.sha256(b"adapter v1").hexdigest()
 
 
 @pytest.fixture(scope="module")
 def setup():
-    from peer.model.adapter import attach_lora
-    from peer.model.config import LoRAConfig, ModelConfig
-    from peer.model.loading import load_base
-    from peer.model.sampling import sample_groups
-
-    manifest = build_manifest(RunSettings(run_id="r"), bundled_path(), "0" * 64, PEER_ID)
-    spec = run_spec(manifest, A)
-    base = load_base(ModelConfig(device="cpu", quantization="none"))
-    torch.manual_seed(0)
-    model = attach_lora(base.model, LoRAConfig())
-    s = spec.sampling
-    groups = {}
-    for owner, n in ((A, 12), (B, 4), (C, 2)):
-        examples = [spec.example(owner, seq) for seq in range(n)]
-        batch = sample_groups(
-            model,
-            base.tokenizer,
-            [e.prompt for e in examples],
-            group_size=s.group_size,
-            max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature,
-            device=torch.device("cpu"),
-            generator=torch.Generator().manual_seed(1),
-        )
-        rewards = [spec.task.reward(t, examples[i // s.group_size]) for i, t in enumerate(batch.texts(base.tokenizer))]
-        groups[owner] = build_groups(
-            batch, rewards, range(n), spec, version=0, sha=SHA0, owner=owner, producer=PEER_ID
-        )
-    return SimpleNamespace(spec=spec, model=model, tokenizer=base.tokenizer, groups=groups)
+    return sample_run({A: 12, B: 4, C: 2})
 
 
 def intake(setup, batch=4, share_cap=0.5, check_rate=0.0) -> Intake:
-    it = Intake(
-        setup.spec, setup.tokenizer, batch=batch, share_cap=share_cap, check_rate=check_rate, rng=random.Random(3)
-    )
-    it.known.update({0: SHA0, 1: SHA1})
-    return it
-
-
-def entry(owner: bytes, group: GroupRecord) -> Fetched:
-    return Fetched(owner, group.version, group.seq, group)
-
-
-def changed(group: GroupRecord, **fields) -> GroupRecord:
-    return GroupRecord(**{**group.dict(), **fields})
+    return new_intake(setup, batch, share_cap, check_rate)
 
 
 def test_honest_groups_are_admitted_and_taken_once(setup):

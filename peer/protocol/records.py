@@ -120,6 +120,8 @@ class JsonObject(pydantic.ConstrainedStr):
             parsed = json.loads(value, parse_constant=_refuse_constant)
         except ValueError as error:
             raise ValueError(f"not valid JSON ({error})") from None
+        except RecursionError:  # ~1000 nested brackets fit the length limit and exhaust the parser's stack
+            raise ValueError("nested too deeply") from None
         if not isinstance(parsed, dict):
             raise ValueError(f"must be a JSON object, got a JSON {type(parsed).__name__}")
         return value

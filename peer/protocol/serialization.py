@@ -64,6 +64,9 @@ def from_dht_value(cls: type[R], value: Any) -> R:
     what = cls.__name__
     if not isinstance(value, dict):
         raise RecordError(f"a {what} must be a map of fields, got {type(value).__name__}, so it is refused.")
+    odd = next((key for key in value if not isinstance(key, str)), None)
+    if odd is not None:  # pydantic would raise TypeError ("keywords must be strings"), not a validation error
+        raise RecordError(f"a {what} must be a map of named fields, got a {type(odd).__name__} key; it is refused.")
     if "protocol_version" in cls.__fields__:
         check_protocol_version(value.get("protocol_version"), what)
     try:

@@ -9,7 +9,8 @@
 2. ``SchemaValidator(RunSchema, allow_extra_keys=False, prefix=run_id)`` — the run's keys
    (:mod:`peer.protocol.keys`) must hold dictionary values whose subkeys are owner-signed and whose values match
    their record schema (:mod:`peer.protocol.records`) without type conversion; any other key is refused. It
-   remembers what it accepted, so a record fetched again is not parsed again.
+   remembers what it accepted, so a record fetched again is not parsed again. Both answer False, never raise, on
+   anything a remote peer can send (a list subkey made hivemind's raise "unhashable type").
 
 On top of the schemas, bucket slots check that an entry's version maps to the slot (``version % BUCKET_RING``) and
 that the subkey's ``<version>.<seq>`` equals the entry's. Single-entry keys (manifest, peers, adapter, metrics)
@@ -101,6 +102,17 @@ def _check_bucket(cls, value: dict[bytes, BucketEntry] | None, field: Any) -> di
     return value
 
 
+class _TotalRSASignatureValidator(RSASignatureValidator):
+    """hivemind's ``RSASignatureValidator`` that refuses, instead of raising on, an ``[owner:...]`` marker around
+    something that is not an RSA public key (``ValueError: Invalid line format``): a remote peer can send one."""
+
+    def validate(self, record) -> bool:
+        try:
+            return super().validate(record)
+        except Exception:  # noqa: BLE001 - a validator answers, never raises
+            return False
+
+
 class _RunSchemaConfig(pydantic.BaseConfig):
     # An own config class: SchemaValidator sets `schema.Config.extra`, which without one is pydantic's global default.
     extra = pydantic.Extra.forbid
@@ -147,7 +159,10 @@ class _RememberingSchemaValidator(SchemaValidator):
         if digest in accepted:
             accepted.move_to_end(digest)
             return True
-        if not super().validate(record):
+        try:
+            if not super().validate(record):
+                return False
+        except Exception:  # noqa: BLE001 - e.g. a list subkey: "unhashable"; a validator answers, never raises
             return False
         accepted[digest] = None
         if len(accepted) > self.REMEMBER:
@@ -169,6 +184,6 @@ def make_validators(
     if not isinstance(private_key, RSAPrivateKey):
         raise TypeError(f"private_key must be a hivemind RSAPrivateKey, got {type(private_key).__name__}.")
     return [
-        RSASignatureValidator(private_key),
+        _TotalRSASignatureValidator(private_key),
         _RememberingSchemaValidator(RunSchema, allow_extra_keys=allow_extra_keys, prefix=run_id),
     ]

@@ -1,0 +1,104 @@
+"""Honest rollout groups for tests of a learner's intake: a run on the bundled model, sampled for three signers.
+
+The intake needs no network and no model, only the run's spec and its tokenizer, but its checks (the prompt
+re-derived from the signer's seed and seq, every reward recomputed) must first pass on real data: the groups here
+are sampled from the bundled model exactly as a rollout peer samples them (``build_groups``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from types import SimpleNamespace
+
+from peer.network.buckets import Fetched
+from peer.protocol import GroupRecord
+from peer.roles.intake import Intake
+
+PEER_ID = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
+# Signing keys as the intake sees them (it only derives prompt seeds and fingerprints from them): two honest
+# signers and the one whose groups each test tampers with.
+A = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/intake-a=="
+B = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/intake-b=="
+M = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/intake-m=="
+SHA0 = hashlib.sha256(b"adapter v0").hexdigest()
+SHA1 = hashlib.sha256(b"adapter v1").hexdigest()
+GROUPS_PER_SIGNER = {A: 12, B: 8, M: 12}
+FORGIVEN_BY_DESIGN = frozenset({"schema", "duplicate", "unknown_version", "lineage"})
+"""Refusals that must not ban the signer (peer/roles/intake.py): a cut blob, an entry read twice, a version from
+before a restart or of a learner that lost the lead. Every other refusal of ``check_group`` or a replay bans."""
+
+
+def sample_run(groups_per_signer: dict[bytes, int] = GROUPS_PER_SIGNER) -> SimpleNamespace:
+    """``spec``, ``model`` (the fp32 base with LoRA that sampled them), ``tokenizer``, ``vocab`` and
+    ``groups[owner]``: honest v0 groups with seqs ``0 .. n - 1``."""
+    import torch
+
+    from coordinator.manifest import RunSettings, build_manifest
+    from peer.model.adapter import attach_lora
+    from peer.model.config import LoRAConfig, ModelConfig
+    from peer.model.loading import bundled_path, load_base
+    from peer.model.sampling import sample_groups
+    from peer.roles.rollout import build_groups
+    from peer.roles.run import run_spec
+
+    manifest = build_manifest(RunSettings(run_id="intake"), bundled_path(), "0" * 64, PEER_ID)
+    spec = run_spec(manifest, A)
+    base = load_base(ModelConfig(device="cpu", quantization="none"))
+    torch.manual_seed(0)
+    model = attach_lora(base.model, LoRAConfig())
+    s = spec.sampling
+    groups = {}
+    for owner, n in groups_per_signer.items():
+        examples = [spec.example(owner, seq) for seq in range(n)]
+        batch = sample_groups(
+            model,
+            base.tokenizer,
+            [e.prompt for e in examples],
+            group_size=s.group_size,
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            device=torch.device("cpu"),
+            generator=torch.Generator().manual_seed(1),
+        )
+        texts = batch.texts(base.tokenizer)
+        rewards = [spec.task.reward(text, examples[i // s.group_size]) for i, text in enumerate(texts)]
+        made = build_groups(batch, rewards, range(n), spec, version=0, sha=SHA0, owner=owner, producer=PEER_ID)
+        groups[owner] = made
+    return SimpleNamespace(spec=spec, model=model, tokenizer=base.tokenizer, vocab=len(base.tokenizer), groups=groups)
+
+
+def new_intake(run: SimpleNamespace, batch: int = 16, share_cap: float = 0.5, check_rate: float = 0.0) -> Intake:
+    """An intake that knows adapter versions 0 and 1 (by default it admits every verified group: no spot checks)."""
+    intake = Intake(
+        run.spec, run.tokenizer, batch=batch, share_cap=share_cap, check_rate=check_rate, rng=random.Random(3)
+    )
+    intake.known.update({0: SHA0, 1: SHA1})
+    return intake
+
+
+def fetched(owner: bytes, group: GroupRecord) -> Fetched:
+    """``group`` as a bucket read hands it over, signed by ``owner``."""
+    return Fetched(owner, group.version, group.seq, group)
+
+
+def changed(group: GroupRecord, **fields) -> GroupRecord:
+    """A copy of ``group`` with ``fields`` replaced (a valid record: only the intake can tell it is a lie)."""
+    return GroupRecord(**{**group.dict(), **fields})
+
+
+def pool_ids(intake: Intake, owner: bytes) -> list[tuple[int, int]]:
+    """``(version, seq)`` of the groups of ``owner`` waiting in the pool, in order."""
+    return [(a.group.version, a.group.seq) for a in intake.pool.get(owner, [])]
+
+
+def signer_state(intake: Intake, owner: bytes) -> dict:
+    """Everything the intake holds about one signer (to show a refusal of another signer changed none of it)."""
+    return {
+        "pool": pool_ids(intake, owner),
+        "seqs": dict(intake.seqs.get(owner, {})),
+        "floor": intake.floor.get(owner),
+        "banned": owner in intake.banned,
+        "rejected": intake.rejected_by.get(owner, 0),
+        "last_verified": intake.last_verified.get(owner),
+    }
