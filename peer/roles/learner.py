@@ -211,8 +211,9 @@ class LearnerPeer:
         for line in chain:
             self.intake.restore(line["intake"])
         self.parent_sha = chain[-1]["parent"] if chain else meta["parent_sha256"]
-        self.resumed_from = f"checkpoint {c.checkpoint_dir}"
-        if chain:
+        source = "checkpoint" if checkpoint is not None else "journal"
+        self.resumed_from = f"{source} {c.checkpoint_dir}"
+        if chain and checkpoint is not None:
             self.resumed_from += f" + {len(chain)} journalled version(s)"
             logger.info(
                 "resumed v%d: checkpoint v%d and the journal's next %d version(s) (AdamW state %s)",
