@@ -184,11 +184,11 @@ class Intake:
             self.counts["dropped_stale"] += len(groups) - len(kept)
             groups[:] = kept
         if version >= self._forgotten_at + FORGET_EVERY:
+            self._forgotten_at = version
             self.forget(oldest - FORGET_MARGIN)
 
     def forget(self, before: int) -> None:
         """Forget the seqs of versions older than ``before``, keeping each signer's highest as its floor."""
-        self._forgotten_at = before + FORGET_MARGIN + self.spec.staleness.tau_max
         for owner, seqs in self.seqs.items():
             old = [s for s, v in seqs.items() if v < before]
             if old:

@@ -213,10 +213,11 @@ class LearnerPeer:
         self.parent_sha = chain[-1]["parent"] if chain else meta["parent_sha256"]
         source = "checkpoint" if checkpoint is not None else "journal"
         self.resumed_from = f"{source} {c.checkpoint_dir}"
-        if chain and checkpoint is not None:
-            self.resumed_from += f" + {len(chain)} journalled version(s)"
+        if chain:
+            if checkpoint is not None:
+                self.resumed_from += f" + {len(chain)} journalled version(s)"
             logger.info(
-                "resumed v%d: checkpoint v%d and the journal's next %d version(s) (AdamW state %s)",
+                "resumed v%d: v%d and the journal's next %d version(s) (AdamW state %s)",
                 version,
                 meta["version"],
                 len(chain),
