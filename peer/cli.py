@@ -255,9 +255,14 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
     default=None,
     help="Pause while the newest version's bucket holds this many groups. Default: 2x the learners' batch.",
 )
+@click.option(
+    "--ledger", type=click.Path(dir_okay=False), default=None, help="Append per-batch and per-swap JSON lines here."
+)
 @click.option("--cache-dir", type=click.Path(file_okay=False), default="~/.cache/hivegrpo", show_default=True)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object.")
+@click.option("--bench-batch-seconds", type=click.FloatRange(min=0), default=0.0, hidden=True)  # docs/benchmarks.md
+@click.option("--bench-one-batch-per-version", is_flag=True, hidden=True)  # docs/benchmarks.md
 def join_cmd(
     run_id,
     coordinator,
@@ -266,9 +271,12 @@ def join_cmd(
     batch_size,
     max_groups,
     max_inflight,
+    ledger,
     cache_dir,
     threads,
     as_json,
+    bench_batch_seconds,
+    bench_one_batch_per_version,
     **network,
 ):
     """Join a swarm as a rollout peer: generate and score GRPO groups with the newest adapter."""
@@ -291,6 +299,9 @@ def join_cmd(
         max_groups=max_groups,
         max_inflight=max_inflight,
         cache_dir=Path(cache_dir).expanduser(),
+        ledger=Path(ledger).expanduser() if ledger else None,
+        batch_seconds=bench_batch_seconds,
+        one_batch_per_version=bench_one_batch_per_version,
     )
     result = run_rollout(config, on_ready=lambda peer: _stop_on_signals(peer.request_stop))
     if as_json:
@@ -347,6 +358,7 @@ def join_cmd(
 @click.option("--cache-dir", type=click.Path(file_okay=False), default="~/.cache/hivegrpo", show_default=True)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object.")
+@click.option("--bench-barrier", is_flag=True, hidden=True)  # docs/benchmarks.md
 def learn_cmd(
     run_id,
     coordinator,
@@ -363,6 +375,7 @@ def learn_cmd(
     cache_dir,
     threads,
     as_json,
+    bench_barrier,
     **network,
 ):
     """Join a swarm as a learner: verify the buckets' groups and turn them into adapter versions."""
@@ -386,6 +399,7 @@ def learn_cmd(
         check_rate=check_rate,
         logprob_tolerance=logprob_tolerance,
         ledger=Path(ledger).expanduser() if ledger else None,
+        barrier=bench_barrier,
     )
     result = run_learner(config, on_ready=lambda peer: _stop_on_signals(peer.request_stop))
     if as_json:

@@ -137,6 +137,24 @@ def test_a_peer_that_died_stops_holding_the_others_to_the_cap(setup):
     assert chosen is not None and {a.owner for a in chosen} == {A}
 
 
+def test_the_benchmarks_barrier_takes_every_peers_share_of_the_current_version_only(setup):
+    """``barrier`` (the synchronous baseline of docs/benchmarks.md): an update waits until every contributor has
+    its share sampled with the learner's version, takes exactly that share of each, and never older groups."""
+    it = Intake(setup.spec, setup.tokenizer, batch=4, check_rate=0.0, rng=random.Random(3), barrier=True)
+    it.known.update({0: SHA0, 1: SHA1})
+    for g in setup.groups[A][:6]:
+        it.add(entry(A, g), 0)
+    it.add(entry(B, setup.groups[B][0]), 0)
+    assert it.take(0) is None, "B has 1 of its 2"
+    it.add(entry(B, setup.groups[B][1]), 0)
+    chosen = it.take(0)
+    assert sorted(key_fingerprint(a.owner) for a in chosen) == sorted(
+        [key_fingerprint(A)] * 2 + [key_fingerprint(B)] * 2
+    )
+    assert it.waiting() == 4 and it.take(1) is None, "A's other v0 groups do not count at v1"
+    assert it.waiting() == 4
+
+
 def test_the_pool_keeps_a_bounded_number_per_peer(setup):
     it = intake(setup, batch=1)
     bound = setup.spec.staleness.tau_max + 1

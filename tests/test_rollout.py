@@ -24,6 +24,7 @@ def test_rollout_peer_publishes_verifiable_groups_and_follows_a_new_adapter(tmp_
     from peer.model.loading import load_base
     from peer.network.buckets import DHTBucketStore
     from peer.network.heartbeat import live_peers
+    from peer.protocol import key_fingerprint
     from peer.roles.adapters import announce_adapter
     from peer.roles.run import read_manifest, run_spec
     from peer.roles.verify import check_group, check_logprobs
@@ -61,6 +62,10 @@ def test_rollout_peer_publishes_verifiable_groups_and_follows_a_new_adapter(tmp_
         "4",
         "--max-inflight",
         "8",
+        "--ledger",
+        str(tmp_path / "rollout.jsonl"),
+        "--bench-batch-seconds",
+        "0.5",
         "--json",
         *LOOPBACK,
     )
@@ -94,7 +99,7 @@ def test_rollout_peer_publishes_verifiable_groups_and_follows_a_new_adapter(tmp_
     assert with_noise
     v1 = adapter_to_bytes(policy)
     adapters[1] = sha256_hex(v1)
-    announce_adapter(swarm, blobs, 1, v1, adapters[0])
+    announced = announce_adapter(swarm, blobs, 1, v1, adapters[0])
     wait_until(lambda: store.count(1, 1) >= 8, "8 groups of v1", procs=[host, rollout])
     fetched = store.fetch(1, 1)
     for f in fetched:
@@ -116,6 +121,18 @@ def test_rollout_peer_publishes_verifiable_groups_and_follows_a_new_adapter(tmp_
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["versions_used"] == [0, 1] and summary["publish_failed"] == 0
     assert summary["published"] == summary["groups"] >= 16
+
+    # its ledger: who it is, every batch (each at least --bench-batch-seconds), the swap with the bytes it moved
+    ledger = [json.loads(line) for line in (tmp_path / "rollout.jsonl").read_text().splitlines()]
+    start, batches = ledger[0], [x for x in ledger if x["kind"] == "batch"]
+    assert start["kind"] == "start" and start["peer_id"] == summary["peer_id"] and start["version"] == 0
+    assert start["signer"] == key_fingerprint(fetched[0].owner)
+    assert sum(b["groups"] for b in batches) == summary["groups"] and all(b["sample_seconds"] >= 0.5 for b in batches)
+    assert sum(b["tokens"] for b in batches) == summary["tokens"] > 0
+    (swap,) = [x for x in ledger if x["kind"] == "swap"]
+    assert swap["version"] == 1 and swap["held"] == 0 and swap["announced"] == announced.created
+    assert swap["size"] == len(v1) and swap["fetched_bytes"] == len(v1) and swap["fetches"] == 1
+    assert [b["version"] for b in batches] == sorted(b["version"] for b in batches)
     leaving = wait_until(
         lambda: [p for p in live_peers(swarm, "rollout", include_leaving=True) if p.record.state == "leaving"],
         "the rollout peer's leaving heartbeat",

@@ -549,3 +549,17 @@ def test_backpressure_pauses_for_a_new_version_but_not_forever():
     t0 = time.perf_counter()
     peer._wait_for_learners()
     assert time.perf_counter() - t0 < 0.1
+
+
+def test_received_counts_the_bytes_of_every_transfer_attempt():
+    from peer.roles.adapters import Received
+
+    r = Received()
+    r(10, 30)
+    r(30, 30)
+    assert r.bytes == 30
+    r.next_transfer()
+    r(20, 30)  # a provider cut this one short; the fetch moves on to another provider, whose bytes start at 0
+    r(5, 30)
+    r(30, 30)
+    assert r.bytes == 30 + 20 + 30

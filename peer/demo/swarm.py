@@ -89,9 +89,26 @@ class LocalSwarm:
     writes its own ledger (``ledger``, then ``ledger-2.jsonl`` ... beside it), every one of them the whole lineage.
     """
 
-    def __init__(self, root: Path, logs: Path, *, run_id: str, rollout_peers: int, ledger: Path, learners: int = 1):
+    def __init__(
+        self,
+        root: Path,
+        logs: Path,
+        *,
+        run_id: str,
+        rollout_peers: int,
+        ledger: Path,
+        learners: int = 1,
+        host_args: list[str] | None = None,
+        learner_args: list[str] | None = None,
+        rollout_args: list[list[str]] | None = None,
+    ):
+        """``host_args``, ``learner_args`` and ``rollout_args`` (one list per rollout peer) are appended to the
+        children's command lines (benchmarks use them: another model or task, a ledger per rollout peer, knobs)."""
         self.root, self.logs, self.run_id = root, logs, run_id
         self.rollout_count, self.ledger, self.learner_count = rollout_peers, ledger, learners
+        self.host_args, self.learner_args = list(host_args or []), list(learner_args or [])
+        self.rollout_args = [list(a) for a in rollout_args or []]
+        self.joining: list[str] = []
         self.host: Child | None = None
         self.learners: list[Child] = []
         self.rollouts: list[Child] = []
@@ -101,7 +118,7 @@ class LocalSwarm:
         self.logs.mkdir(parents=True, exist_ok=True)
         info_file = self.root / "info.json"
         host = ["host", "--run-id", self.run_id, "--cache-dir", str(self.root / "host"), *LOOPBACK]
-        self.host = Child("host", [*host, "--info-file", str(info_file)], self.logs)
+        self.host = Child("host", [*host, "--info-file", str(info_file), *self.host_args], self.logs)
         deadline = time.monotonic() + timeout
         while not info_file.exists():
             if not self.host.alive or time.monotonic() > deadline:
@@ -113,19 +130,26 @@ class LocalSwarm:
         joining = ["--run-id", self.run_id, "--coordinator", self.info["coordinator"], *LOOPBACK, "--json"]
         for maddr in self.info["initial_peers"]:
             joining += ["--initial-peers", maddr]
+        self.joining = joining
         for i in range(self.learner_count):
             name = "learner" if i == 0 else f"learner-{i + 1}"
             ledger = self.ledger if i == 0 else self.ledger.with_name(f"{self.ledger.stem}-{i + 1}.jsonl")
             learner = ["learn", *joining, "--cache-dir", str(self.root / name), "--ledger", str(ledger)]
+            learner += self.learner_args
             self.learners.append(Child(name, learner, self.logs))
             if i + 1 < self.learner_count:
                 time.sleep(LEARNER_STAGGER)  # a later learner then finds the first one leading, and helps it
         for i in range(self.rollout_count):
-            name = f"rollout-{i + 1}"
-            rollout = ["join", *joining, "--cache-dir", str(self.root / name)]
-            rollout += ["--identity", str(self.root / f"{name}.id"), *ROLLOUT_ARGS]
-            self.rollouts.append(Child(name, rollout, self.logs, nice=ROLLOUT_NICE))
+            self.add_rollout(f"rollout-{i + 1}", self.rollout_args[i] if i < len(self.rollout_args) else [])
         return self
+
+    def add_rollout(self, name: str, extra: list[str] | None = None) -> Child:
+        """Start one more rollout peer (after :meth:`start`), with ``extra`` arguments."""
+        rollout = ["join", *self.joining, "--cache-dir", str(self.root / name)]
+        rollout += ["--identity", str(self.root / f"{name}.id"), *ROLLOUT_ARGS, *(extra or [])]
+        child = Child(name, rollout, self.logs, nice=ROLLOUT_NICE)
+        self.rollouts.append(child)
+        return child
 
     @property
     def learner(self) -> Child | None:

@@ -78,6 +78,7 @@ class Announcement:
     providers: tuple[str, ...]  # base58 peer ids
     announcers: int
     parent_sha256: str = ""
+    created: float = 0.0  # wall time of the earliest announcement of these bytes (as its signer's clock says)
 
 
 def announcements(swarm) -> list[tuple[bytes, AdapterRecord]]:
@@ -101,15 +102,22 @@ def newest_announcement(records: list[tuple[bytes, AdapterRecord]]) -> Announcem
             by_sha[(record.sha256, record.size)].append(record)
     (sha, size), chosen = max(by_sha.items(), key=lambda kv: (len(kv[1]), -min(r.created for r in kv[1])))
     providers = tuple(dict.fromkeys(p for r in sorted(chosen, key=lambda r: r.created) for p in r.providers))
-    parent = min(chosen, key=lambda r: r.created).parent_sha256
-    return Announcement(top, sha, size, providers[:MAX_PROVIDERS], len(chosen), parent)
+    first = min(chosen, key=lambda r: r.created)
+    return Announcement(top, sha, size, providers[:MAX_PROVIDERS], len(chosen), first.parent_sha256, first.created)
 
 
 def fetch_adapter(
-    blobs, sha256: str, size: int, announced: Sequence[str], others: Callable[[], Sequence] | None, timeout: float
+    blobs,
+    sha256: str,
+    size: int,
+    announced: Sequence[str],
+    others: Callable[[], Sequence] | None,
+    timeout: float,
+    progress=None,
 ) -> bytes:
     """The bytes of adapter ``sha256``: from the peers that announced it (in random order), then from the peers
     ``others()`` names (PeerIDs: the run's live peers), which are asked only when no announcer delivered.
+    ``progress(done, total)`` is called as bytes arrive (``done`` restarts at 0 with each provider).
 
     :raises BlobUnavailable: nobody delivered; the message says what each provider did.
     """
@@ -120,14 +128,30 @@ def fetch_adapter(
     first = [PeerID.from_base58(p) for p in announced]
     random.shuffle(first)
     try:
-        return blobs.fetch(sha256, size, first, timeout=timeout, shuffle=False).read_bytes()
+        return blobs.fetch(sha256, size, first, progress=progress, timeout=timeout, shuffle=False).read_bytes()
     except BlobUnavailable as e:
         rest = [p for p in (others() if others is not None else []) if p not in first]
         if not rest:
             raise
         logger.info("no announcer delivered adapter %s… (%s); asking %d other peer(s)", sha256[:12], e, len(rest))
         random.shuffle(rest)
-        return blobs.fetch(sha256, size, rest, timeout=timeout, shuffle=False).read_bytes()
+        return blobs.fetch(sha256, size, rest, progress=progress, timeout=timeout, shuffle=False).read_bytes()
+
+
+class Received:
+    """Counts the bytes of blob transfers from ``progress(done, total)`` calls (``done`` restarts with each
+    provider, so bytes of refused or cut transfers count too): what a follower moved over the network."""
+
+    def __init__(self):
+        self.bytes = 0
+        self._done = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        self.bytes += done - self._done if done >= self._done else done
+        self._done = done
+
+    def next_transfer(self) -> None:
+        self._done = 0
 
 
 class AdapterFollower:
@@ -153,6 +177,8 @@ class AdapterFollower:
         self.fetch_timeout = fetch_timeout
         self.held_version = held_version
         self.latest_seen: Announcement | None = None
+        self.received = Received()  # adapter bytes fetched over the network
+        self.fetches = 0  # adapter versions fetched
         self._ready: tuple[Announcement, bytes] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -201,7 +227,11 @@ class AdapterFollower:
                 found.sha256[:12],
                 found.announcers,
             )
-        blob = fetch_adapter(self.blobs, found.sha256, found.size, found.providers, self.others, self.fetch_timeout)
+        self.received.next_transfer()
+        blob = fetch_adapter(
+            self.blobs, found.sha256, found.size, found.providers, self.others, self.fetch_timeout, self.received
+        )
+        self.fetches += 1
         with self._lock:
             if found.version > self._newest_known():
                 self._ready = (found, blob)

@@ -32,6 +32,10 @@ peers that died or hang: they stop counting ``recent`` seconds after their last 
 an update waiting for a dead peer would wait forever, since no new version moves the window). The pool keeps at
 most ``n x (tau_max + 1)`` groups per signer (the oldest surplus is dropped), so a flood cannot grow the learner's
 memory.
+
+``barrier`` (a benchmark knob, docs/benchmarks.md) makes :meth:`Intake.take` a synchronous barrier's: an update
+waits until every contributor has ``ceil(n / contributors)`` groups sampled with the learner's current version, and
+takes exactly that many of each (the baseline the asynchronous intake is measured against).
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ class Intake:
         rng: random.Random | None = None,
         recent: float = 15.0,
         clock=time.monotonic,
+        barrier: bool = False,
     ):
         if not 0.0 < share_cap <= 1.0:
             raise ValueError(f"share_cap must be in (0, 1], got {share_cap}")
@@ -92,6 +97,7 @@ class Intake:
         self.check_rate = check_rate
         self.rng = rng or random.Random(os.urandom(16))
         self.recent, self.clock = recent, clock
+        self.barrier = barrier
         self.known: dict[int, str] = {}  # adapter version -> sha256 of this learner's lineage
         self.banned: dict[bytes, str] = {}  # signer -> why
         self.seqs: dict[bytes, dict[int, int]] = defaultdict(dict)  # signer -> seq -> version (recent versions)
@@ -196,9 +202,13 @@ class Intake:
                 for s in old:
                     del seqs[s]
 
-    def contributors(self, version: int) -> int:
+    def contributing(self, version: int) -> list[bytes]:
+        """Signers with a verified group in the staleness window that arrived in the last ``recent`` seconds."""
         oldest, since = version - self.spec.staleness.tau_max, self.clock() - self.recent
-        return sum(1 for o, v in self.last_verified.items() if v >= oldest and self.last_arrival[o] >= since)
+        return [o for o, v in self.last_verified.items() if v >= oldest and self.last_arrival[o] >= since]
+
+    def contributors(self, version: int) -> int:
+        return len(self.contributing(version))
 
     def cap(self, version: int) -> int:
         """The most groups one signer may give to the next update."""
@@ -211,6 +221,8 @@ class Intake:
     def take(self, version: int) -> list[Accepted] | None:
         """The next update's ``batch`` groups (freshest first, capped per signer), or None while there are too few."""
         self.drop_stale(version)
+        if self.barrier:
+            return self._take_barrier(version)
         cap = self.cap(version)
         if sum(min(cap, len(groups)) for groups in self.pool.values()) < self.batch:
             return None
@@ -218,6 +230,21 @@ class Intake:
             ((a, i) for groups in self.pool.values() for i, a in enumerate(groups)),
             key=lambda ai: (-ai[0].group.version, ai[0].group.created, ai[1]),
         )
+        return self._choose(candidates, cap)
+
+    def _take_barrier(self, version: int) -> list[Accepted] | None:
+        peers = self.contributing(version)
+        if not peers:
+            return None
+        share = math.ceil(self.batch / len(peers))
+        fresh = {o: [a for a in self.pool.get(o, []) if a.group.version == version] for o in peers}
+        if any(len(groups) < share for groups in fresh.values()):
+            return None
+        candidates = [(a, i) for o in peers for i, a in enumerate(fresh[o][:share])]
+        return self._choose(candidates, share)
+
+    def _choose(self, candidates: list[tuple[Accepted, int]], cap: int) -> list[Accepted]:
+        """The first ``batch`` of ``candidates`` with at most ``cap`` per signer; marked used, out of the pool."""
         chosen: list[Accepted] = []
         per_owner: Counter = Counter()
         for accepted, _ in candidates:

@@ -83,6 +83,7 @@ class LearnerConfig:
     logprob_tolerance: float = 0.05  # nats per token
     poll_interval: float = 0.25
     ledger: Path | None = None  # JSON lines: per version, the groups in its update and the metrics
+    barrier: bool = False  # benchmark knob (docs/benchmarks.md): wait for every peer's share at each version
 
     def __post_init__(self):
         if self.checkpoint_every < 1:
@@ -142,7 +143,12 @@ class LearnerPeer:
         self.session.on_revoked.append(self.request_stop)
         spec = s.spec
         self.intake = Intake(
-            spec, s.tokenizer, batch=spec.groups_per_version, share_cap=c.share_cap, check_rate=c.check_rate
+            spec,
+            s.tokenizer,
+            batch=spec.groups_per_version,
+            share_cap=c.share_cap,
+            check_rate=c.check_rate,
+            barrier=c.barrier,
         )
         self.optimizer = torch.optim.AdamW(lora_parameters(s.model), lr=c.lr)
         self.parent_sha = s.parent

@@ -32,7 +32,7 @@ from peer.errors import UserError
 from peer.log import get_logger
 from peer.model.sampling import Completions, sample_groups
 from peer.network.swarm import NetworkConfig
-from peer.protocol import Completion, GroupRecord, encode_tokens
+from peer.protocol import Completion, GroupRecord, encode_tokens, key_fingerprint
 from peer.roles.adapters import AdapterFollower
 from peer.roles.closers import Closers
 from peer.roles.run import RunSpec, prompt_seed, sampling_seed
@@ -59,6 +59,10 @@ class RolloutConfig:
     heartbeat_interval: float = 10.0
     poll_interval: float = 0.5
     publish_linger: float = 0.25  # seconds the publisher gathers groups into one store (fewer, fuller entries)
+    ledger: Path | None = None  # JSON lines: one per batch and one per adapter swap
+    # benchmark knobs (docs/benchmarks.md), never needed in a run:
+    batch_seconds: float = 0.0  # each batch lasts at least this long (a slower machine, emulated by a sleep)
+    one_batch_per_version: bool = False  # after a batch, wait for a newer version (a synchronous barrier's peer)
 
     def __post_init__(self):
         if self.batch_size is not None and self.batch_size < 1:
@@ -67,6 +71,8 @@ class RolloutConfig:
             raise ValueError(f"max_groups must be >= 1, got {self.max_groups}")
         if self.max_inflight is not None and self.max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        if not self.batch_seconds >= 0.0:
+            raise ValueError(f"batch_seconds must be >= 0, got {self.batch_seconds}")
 
     def session_config(self) -> SessionConfig:
         return SessionConfig(
@@ -306,8 +312,10 @@ class RolloutPeer:
             "swaps": 0,
             "sample_s": 0.0,
             "decode_s": 0.0,
+            "tokens": 0,
         }
         self.versions_used: set[int] = set()
+        self._last_version = -1  # the version of the latest batch
 
     # --- start-up ------------------------------------------------------------------------------------------------
 
@@ -349,6 +357,13 @@ class RolloutPeer:
         self.heartbeat.update(
             state="running", adapter_version=self.version, stats={"batch_size": float(self.batch_size)}
         )
+        self._ledger(
+            kind="start",
+            signer=key_fingerprint(self.swarm.public_key),
+            peer_id=str(self.swarm.peer_id),
+            version=self.version,
+            batch_size=self.batch_size,
+        )
         logger.info(
             "rollout peer ready: adapter v%d, %d prompt(s) x %d per batch, waits at %d groups per version",
             self.version,
@@ -382,12 +397,23 @@ class RolloutPeer:
         if self.follower is not None:
             self.follower._wake.set()
 
-    def _swap(self, version: int, sha: str, blob: bytes) -> None:
+    def _swap(self, version: int, sha: str, blob: bytes, announced: float = 0.0) -> None:
+        held = self.version
         self.session.swap(version, sha, blob)
         self.stats["swaps"] += 1
         if self.follower is not None:
             self.follower.mark_held(version)
         logger.info("now sampling with adapter v%d (%s…)", version, sha[:12])
+        f = self.follower
+        self._ledger(
+            kind="swap",
+            version=version,
+            held=held,
+            announced=announced,
+            size=len(blob),
+            fetched_bytes=f.received.bytes if f else 0,
+            fetches=f.fetches if f else 0,
+        )
 
     def _follow(self) -> bool:
         ready = self.follower.take()
@@ -395,9 +421,26 @@ class RolloutPeer:
             return False
         announcement, blob = ready
         if announcement.version > self.version:
-            self._swap(announcement.version, announcement.sha256, blob)
+            self._swap(announcement.version, announcement.sha256, blob, announcement.created)
             return True
         return False
+
+    def _ledger(self, **line) -> None:
+        if self.config.ledger is not None:
+            with open(self.config.ledger, "a") as f:
+                f.write(json.dumps({"time": time.time(), **line}) + "\n")
+
+    def _wait_for_version(self, version: int) -> None:
+        """Benchmark knob ``one_batch_per_version``: wait until a version newer than ``version`` is in (at most
+        ``MAX_PAUSE`` seconds, as backpressure does)."""
+        paused = time.perf_counter()
+        while not self._stop.is_set() and self.version <= version:
+            if time.perf_counter() - paused >= self.MAX_PAUSE:
+                return
+            start = time.perf_counter()
+            self.follower.wait(0.5)
+            self.stats["waited_s"] += time.perf_counter() - start
+            self._follow()
 
     def _wait_for_learners(self) -> None:
         """Backpressure: while the newest version's bucket is full, wait for a new version (or a stop) — at most
@@ -434,6 +477,8 @@ class RolloutPeer:
                 break
             self._follow()
             self._wait_for_learners()
+            if c.one_batch_per_version and self.stats["batches"]:
+                self._wait_for_version(self._last_version)
             if self._stop.is_set():
                 break
             n = self.batch_size
@@ -456,6 +501,9 @@ class RolloutPeer:
                 generator=generator,
             )
             self.stats["decode_s"] += time.perf_counter() - t0
+            paced = c.batch_seconds - (time.perf_counter() - t0)
+            if paced > 0:  # a slower machine would publish these groups only now
+                self._stop.wait(paced)
             texts = batch.texts(self.tokenizer)
             rewards = [spec.task.reward(t, examples[i // s.group_size]) for i, t in enumerate(texts)]
             groups = build_groups(
@@ -466,6 +514,17 @@ class RolloutPeer:
             for group in groups:
                 self.publisher.put(group)
             self.versions_used.add(self.version)
+            self._last_version = self.version
+            tokens = int(batch.completion_mask.sum())
+            self.stats["tokens"] += tokens
+            self._ledger(
+                kind="batch",
+                version=self.version,
+                groups=n,
+                completions=n * s.group_size,
+                tokens=tokens,
+                sample_seconds=round(elapsed, 4),
+            )
             self.stats["groups"] += n
             self.stats["completions"] += n * s.group_size
             self.stats["batches"] += 1
@@ -484,6 +543,7 @@ class RolloutPeer:
             "published": self.publisher.published,
             "publish_failed": self.publisher.failed,
             "completions": self.stats["completions"],
+            "tokens": self.stats["tokens"],
             "seconds": round(seconds, 3),
             "sample_seconds": round(self.stats["sample_s"], 3),
             "waited_seconds": round(self.stats["waited_s"], 3),
