@@ -404,6 +404,7 @@ def main(argv=None) -> dict:
         "--keep", default=None, help="keep the runs' reports and logs here (default: a temporary folder)"
     )
     parser.add_argument("--out", default=None)
+    parser.add_argument("--plot", default=None, help="write exact match against each system's clock here (PNG)")
     parser.add_argument("--one", choices=SYSTEMS, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -431,7 +432,31 @@ def main(argv=None) -> dict:
     print_table(result, args)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.plot:
+        plot(systems, args.target, Path(args.plot))
     return result
+
+
+def plot(systems: dict, target: float, path: Path) -> None:
+    """Exact match against each system's own clock, one line per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in systems.items():
+        rows = r.get("evaluations") or []
+        if rows:
+            ax.plot([row[0] for row in rows], [row[2] for row in rows], "o-", markersize=3, label=name)
+    ax.axhline(target, linestyle="--", color="grey", linewidth=1, label=f"target {target:g}")
+    ax.set_xlabel("seconds (swarm: wall time from start; reference, TRL: training time)")
+    ax.set_ylabel("held-out exact match (greedy)")
+    ax.set_ylim(0, 1)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

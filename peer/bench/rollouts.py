@@ -146,7 +146,9 @@ def share_of(versions: list[dict], signer: str) -> float | None:
 class Round:
     """One swarm: start, wait for the first version, run, stop; the ledgers of all its peers."""
 
-    def __init__(self, root: Path, name: str, rollout_args: list[list[str]], learner_args: list[str] = ()):
+    def __init__(
+        self, root: Path, name: str, rollout_args: list[list[str]], learner_args: list[str] = (), tau_max: int = 4
+    ):
         from peer.demo.swarm import LocalSwarm
 
         self.dir = root / name
@@ -159,7 +161,7 @@ class Round:
             run_id=f"bench-{name}",
             rollout_peers=len(rollout_args),
             ledger=self.dir / "learner.jsonl",
-            host_args=["--groups-per-version", str(GROUPS_PER_VERSION)],
+            host_args=["--groups-per-version", str(GROUPS_PER_VERSION), "--tau-max", str(tau_max)],
             learner_args=list(learner_args),
             rollout_args=args,
         )
@@ -204,7 +206,7 @@ def sleep_until(t: float, swarm_round: Round) -> None:
 
 
 def run_simple(root: Path, name: str, rollout_args, learner_args, args) -> dict:
-    r = Round(root, name, rollout_args, learner_args)
+    r = Round(root, name, rollout_args, learner_args, args.tau_max)
     try:
         first = r.start()
         start = first + args.warmup
@@ -223,13 +225,19 @@ def run_simple(root: Path, name: str, rollout_args, learner_args, args) -> dict:
         "staleness_mean": _mean([v["staleness_mean"] for v in versions if start <= v["time"] <= end]),
         "step_seconds_mean": _mean([v["step_seconds"] for v in versions if start <= v["time"] <= end]),
         "propagation": propagation(peers, versions, start, end),
+        "series": series(versions, start),
         "exit_codes": codes,
         "dir": str(r.dir),
     }
 
 
+def series(versions: list[dict], start: float) -> list[list[float]]:
+    """``[seconds from the window's start, groups]`` of every version (for plots)."""
+    return [[round(v["time"] - start, 3), v["groups"]] for v in versions]
+
+
 def run_churn(root: Path, pace: list[str], args) -> dict:
-    r = Round(root, "churn", [pace, pace, pace])
+    r = Round(root, "churn", [pace, pace, pace], tau_max=args.tau_max)
     try:
         first = r.start()
         start = first + args.warmup
@@ -268,6 +276,8 @@ def run_churn(root: Path, pace: list[str], args) -> dict:
         "newcomer_startup_s": round(ready - r.spawned["rollout-4"], 2) if ready else None,
         "newcomer_ready_to_used_s": round(used - ready, 2) if used and ready else None,
         "propagation": propagation(peers, versions, start, end),
+        "series": series(versions, start),
+        "newcomer_started_s": round(r.spawned["rollout-4"] - start, 2),
         "exit_codes": codes,
         "dir": str(r.dir),
     }
@@ -289,8 +299,10 @@ def main(argv=None) -> dict:
         default=["plain", "async", "barrier", "churn"],
         choices=["plain", "async", "barrier", "churn"],
     )
+    parser.add_argument("--tau-max", type=int, default=4, help="the run's staleness window (the host's default: 4)")
     parser.add_argument("--keep", default=None, help="keep the rounds' folders here (default: a temporary folder)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--plot", default=None, help="write groups used against time for each round here (PNG)")
     args = parser.parse_args(argv)
     pace = ["--bench-batch-seconds", str(args.batch_seconds)]
     slow = ["--bench-batch-seconds", str(args.batch_seconds * args.slowdown)]
@@ -314,7 +326,39 @@ def main(argv=None) -> dict:
     result = {"rounds": results, "config": vars(args)}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.plot:
+        plot(results, args.seconds, Path(args.plot))
     return result
+
+
+def plot(results: dict, seconds: float, path: Path) -> None:
+    """Groups the learner used against time (from the measured window's start), one line per round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in results.items():
+        points = [p for p in r["series"] if 0 <= p[0] <= seconds]
+        total, xs, ys = 0, [], []
+        for t, groups in points:
+            total += groups
+            xs.append(t)
+            ys.append(total)
+        ax.step(xs, ys, where="post", label=name)
+    churn = results.get("churn")
+    if churn:
+        ax.axvline(churn["killed_at_s"], color="red", linestyle=":", linewidth=1, label="churn: a peer killed")
+        if churn.get("newcomer_ready_to_used_s") is not None and churn.get("newcomer_startup_s") is not None:
+            used = churn["newcomer_started_s"] + churn["newcomer_startup_s"] + churn["newcomer_ready_to_used_s"]
+            ax.axvline(used, color="green", linestyle=":", linewidth=1, label="churn: newcomer's first group used")
+    ax.set_xlabel("seconds of the measured window")
+    ax.set_ylabel("groups used by the learner")
+    ax.legend(loc="upper left", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def report(results: dict, args) -> None:
