@@ -16,6 +16,20 @@ from peer.cli import _network_config, _network_options, _stop_on_signals, _task_
 @_task_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed: every prompt derives from it.")
 @click.option("--group-size", type=click.IntRange(2, 64), default=8, show_default=True)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(1, 1024),
+    default=6,
+    show_default=True,
+    help="Completion length cap in tokens (the bundled task's answers need 6; reasoning tasks need more).",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Sampling temperature of the rollout peers (the learners' log-probs use it too).",
+)
 @click.option("--groups-per-version", type=click.IntRange(1, 4096), default=16, show_default=True)
 @click.option(
     "--tau-max",
@@ -57,6 +71,8 @@ def host_cmd(
     task_config,
     seed,
     group_size,
+    max_new_tokens,
+    temperature,
     groups_per_version,
     tau_max,
     cache_dir,
@@ -83,7 +99,7 @@ def host_cmd(
         quantization=quantization,
         task=task,
         task_config=_task_config(task_config),
-        sampling=SamplingConfig(group_size=group_size),
+        sampling=SamplingConfig(group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature),
         groups_per_version=groups_per_version,
         staleness=StalenessConfig(tau_max=tau_max),
         seed=seed,

@@ -44,6 +44,10 @@ def test_rollout_peer_publishes_verifiable_groups_and_follows_a_new_adapter(tmp_
         str(info_file),
         "--groups-per-version",
         "8",
+        "--max-new-tokens",
+        "7",
+        "--temperature",
+        "0.9",
         *LOOPBACK,
     )
     wait_until(info_file.exists, "the host's info file", procs=[host])
@@ -73,6 +77,7 @@ def test_rollout_peer_publishes_verifiable_groups_and_follows_a_new_adapter(tmp_
     manifest, key = read_manifest(swarm, info["coordinator"])
     spec = run_spec(manifest, key)
     assert manifest.model.name == "tiny-copy"
+    assert (spec.sampling.max_new_tokens, spec.sampling.temperature) == (7, 0.9)  # the host's flags
     base = load_base(ModelConfig(name=str(model), quantization=manifest.model.quantization, device="cpu"))
     policy = attach_lora(base.model, spec.lora)
     v0 = adapter_to_bytes(policy)
@@ -90,6 +95,7 @@ def test_rollout_peer_publishes_verifiable_groups_and_follows_a_new_adapter(tmp_
     for f in fetched:
         assert check_group(f.group, f.owner, spec, base.tokenizer, adapters.get) is None
         assert f.group.adapter_sha256 == adapters[0] and len(f.group.completions) == spec.sampling.group_size
+        assert max(len(c.tokens()) for c in f.group.completions) <= 7
     rewards = [r for f in fetched for r in f.group.rewards]
     assert 0.0 < sum(rewards) / len(rewards) < 1.0  # the bundled model is right about a third of the time
     assert check_logprobs(policy, fetched[0].group, spec, tolerance=2e-3) is None
