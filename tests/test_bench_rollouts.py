@@ -24,7 +24,7 @@ def test_rates_count_what_happened_inside_the_window_only():
 def test_propagation_measures_each_peer_from_the_announcement_to_its_swap():
     learner = versions((100.0, 24), (101.0, 24), (102.0, 24))
     a = [
-        {"kind": "start", "time": 90.0},
+        {"kind": "start", "time": 90.0, "version": 0},
         {
             "kind": "swap",
             "time": 100.5,
@@ -47,7 +47,7 @@ def test_propagation_measures_each_peer_from_the_announcement_to_its_swap():
         {"kind": "batch", "time": 103.0},
     ]
     b = [
-        {"kind": "start", "time": 90.0},
+        {"kind": "start", "time": 90.0, "version": 0},
         {
             "kind": "swap",
             "time": 100.3,
@@ -68,15 +68,18 @@ def test_propagation_measures_each_peer_from_the_announcement_to_its_swap():
         },
         {"kind": "batch", "time": 101.5},  # then it died: v3 is not counted for it
     ]
-    late = [{"kind": "start", "time": 102.0}, {"kind": "batch", "time": 103.0}]  # started with v2 loaded
+    late = [{"kind": "start", "time": 102.0, "version": 2}, {"kind": "batch", "time": 103.0}]  # started with v2 loaded
     p = propagation({"a": a, "b": b, "late": late}, learner, 100.0, 103.0)
     # v1 (announced 100.1): a 0.4, b 0.2; v2 (101.1; from b's swap line): a 1.5, b 0.3; v3 (102.2): a 0.4
     expected = sorted([0.4, 0.2, 1.5, 0.3, 0.4])
     assert p["pairs"] == 5
     assert p["p50_s"] == round(expected[2], 4) and p["p95_s"] == round(expected[4], 4)
     assert p["every_peer_p50_s"] == 0.4  # the last peer per version: 0.4, 1.5, 0.4
-    assert p["bytes_per_fetch_over_size"] == [1.1, 1.0]
-    assert p["fetches_per_swap"] == [1.0, 1.0]
+    # a: 220 bytes in 2 fetches of a 100-byte adapter, 2 swaps, 3 versions announced while it ran
+    assert p["bytes"]["a"] == {"per_fetch": 1.1, "per_version_announced": round(2.2 / 3, 4), "per_version_used": 1.1}
+    # b: 200 bytes, 2 fetches, 2 swaps, 2 versions announced before its last line (v3 came after it died)
+    assert p["bytes"]["b"] == {"per_fetch": 1.0, "per_version_announced": 1.0, "per_version_used": 1.0}
+    assert p["bytes"]["late"] is None  # it never swapped
 
 
 def test_pct_and_share():
