@@ -201,7 +201,7 @@ def test_an_adapter_whose_announcers_are_gone_is_fetched_from_other_peers(tmp_pa
     asked = []
 
     class Blobs:
-        def fetch(self, sha256, size, providers, timeout, shuffle):
+        def fetch(self, sha256, size, providers, timeout, shuffle, progress=None):
             asked.append(list(providers))
             if holder in providers:
                 return blob
