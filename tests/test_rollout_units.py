@@ -209,7 +209,7 @@ def test_newest_announcement_picks_the_highest_version():
         announced(2, SHA_Z, providers=[PEER_B], created=9.0, parent=SHA_X),
         announced(0, SHA_X, providers=[PEER_ID], created=0.0),
     ]
-    assert newest_announcement(records) == Announcement(3, SHA_Y, 77, (PEER_C,), 1, SHA_Z)
+    assert newest_announcement(records) == Announcement(3, SHA_Y, 77, (PEER_C,), 1, SHA_Z, created=5.0)
 
 
 def test_newest_announcement_takes_the_sha_most_signers_announce():
