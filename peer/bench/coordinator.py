@@ -27,13 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from peer.bench import json_lines
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def _ledger(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _wait(predicate, what: str, timeout: float, children=()):
@@ -83,10 +79,10 @@ def run_round(root: Path, name: str, private: bool, args, outage: bool) -> dict:
         children.append(Child(f"{name}-rollout", ["join", *common, "--cache-dir", str(root / f"{name}-r")], root))
         learn = ["learn", *common, "--cache-dir", str(root / f"{name}-l"), "--ledger", str(ledger)]
         children.append(Child(f"{name}-learner", learn, root))
-        _wait(lambda: len(_ledger(ledger)) >= args.warmup, f"{args.warmup} versions", 300, children)
+        _wait(lambda: len(json_lines(ledger)) >= args.warmup, f"{args.warmup} versions", 300, children)
         start = time.time()
         time.sleep(args.seconds)
-        versions_per_s, groups_per_s = _rate(_ledger(ledger), start, time.time())
+        versions_per_s, groups_per_s = _rate(json_lines(ledger), start, time.time())
         result = {"private": private, "versions_per_s": round(versions_per_s, 3)}
         result["groups_per_s"] = round(groups_per_s, 2)
         if outage:
@@ -103,12 +99,12 @@ def measure_outage(root, name, children, ledger, host_argv, info, args) -> dict:
     host = children[0]
     peers = _status(info["run_id"], info["initial_peers"], info["invite"])
     others = [m for p in peers.get("peers", []) if p["role"] != "coordinator" for m in p["maddrs"]]
-    before = _ledger(ledger)
+    before = json_lines(ledger)
     killed = time.time()
     os.killpg(host.process.pid, signal.SIGKILL)
     host.process.wait()
     time.sleep(args.seconds)
-    lines = _ledger(ledger)
+    lines = json_lines(ledger)
     gaps_before = [b["time"] - a["time"] for a, b in zip(before[-60:], before[-59:], strict=False)]
     after = [x["time"] for x in lines if x["time"] >= killed]
     stall = max([after[0] - killed] + [b - a for a, b in zip(after, after[1:], strict=False)]) if after else None

@@ -20,21 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 from pathlib import Path
 
+from peer.bench import json_lines, mean
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def _lines(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _mean(values: list[float]) -> float | None:
-    return round(statistics.fmean(values), 4) if values else None
 
 
 def run_round(root: Path, learners: int, args) -> dict:
@@ -51,7 +42,7 @@ def run_round(root: Path, learners: int, args) -> dict:
         eval_n=args.eval_n,
     )
     report = run_demo(config, live=False)
-    made = [line for line in _lines(report_dir / "ledger.jsonl") if not line.get("no_signal")]
+    made = [line for line in json_lines(report_dir / "ledger.jsonl") if not line.get("no_signal")]
     if len(made) < 2:
         raise RuntimeError(f"the swarm made {len(made)} versions in {args.duration} s: see {report_dir}/logs")
     span = made[-1]["time"] - made[0]["time"]
@@ -64,13 +55,13 @@ def run_round(root: Path, learners: int, args) -> dict:
         "versions": len(made),
         "versions_per_s": round((len(made) - 1) / span, 3),
         "groups_per_s": round(sum(line["groups"] for line in made[1:]) / span, 2),
-        "step_seconds_mean": _mean([line["step_seconds"] for line in made]),
+        "step_seconds_mean": mean([line["step_seconds"] for line in made]),
         "shared_fraction": round(len(shared) / len(made), 3),
-        "share_seconds_mean": _mean([line["share_seconds"] for line in shared if "share_seconds" in line]),
-        "wait_seconds_mean": _mean([line["wait_seconds"] for line in shared if "wait_seconds" in line]),
+        "share_seconds_mean": mean([line["share_seconds"] for line in shared if "share_seconds" in line]),
+        "wait_seconds_mean": mean([line["wait_seconds"] for line in shared if "wait_seconds" in line]),
         "shares_late": (report.get("learner") or {}).get("team", {}).get("shares_late", 0),
         "helper_shares": sum((h or {}).get("team", {}).get("shares", 0) for h in helpers),
-        "staleness_mean": _mean([line["staleness_mean"] for line in made]),
+        "staleness_mean": mean([line["staleness_mean"] for line in made]),
         "evaluations": [(e["seconds"], e["version"], e["exact_match"]) for e in evaluations],
         "final_exact_match": report["final_exact_match"],
         "seconds_to_target": reached,

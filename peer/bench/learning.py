@@ -38,12 +38,13 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from peer.bench import json_lines, mean
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -51,16 +52,6 @@ SYSTEMS = ("swarm", "reference", "trl")
 PROMPTS_PER_STEP = 16
 RATIO_GOAL = 1.3  # swarm / reference time to the target that the swarm aims to stay within
 INSTALL_TRL = 'TRL is not installed: pip install -e ".[bench]" (or pip install "trl>=1.16") to run it.'
-
-
-def _lines(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _mean(values: list[float]) -> float | None:
-    return round(statistics.fmean(values), 4) if values else None
 
 
 def checkpoints(duration: float) -> list[float]:
@@ -108,7 +99,7 @@ def run_swarm(args, root: Path) -> dict:
         duration=args.duration, target=None, eval_every=args.eval_every, eval_n=args.eval_n, report_dir=report_dir
     )
     report = run_demo(config, live=False)
-    made = [line for line in _lines(report_dir / "ledger.jsonl") if not line.get("no_signal")]
+    made = [line for line in json_lines(report_dir / "ledger.jsonl") if not line.get("no_signal")]
     span = made[-1]["time"] - made[0]["time"] if len(made) > 1 else 0.0
     return {
         "system": "swarm",
@@ -118,8 +109,8 @@ def run_swarm(args, root: Path) -> dict:
         "steps": len(made),
         "steps_per_s": round((len(made) - 1) / span, 3) if span else None,
         "groups_per_s": round(sum(line["groups"] for line in made[1:]) / span, 2) if span else None,
-        "step_seconds_mean": _mean([line["step_seconds"] for line in made]),
-        "staleness_mean": _mean([line["staleness_mean"] for line in made]),
+        "step_seconds_mean": mean([line["step_seconds"] for line in made]),
+        "staleness_mean": mean([line["staleness_mean"] for line in made]),
         "first_version_seconds": report["updates"][0]["seconds"] if report["updates"] else None,
         "evaluations": [(e["seconds"], e["version"], e["exact_match"]) for e in report["evaluations"]],
         "exit_codes": report["exit_codes"],

@@ -45,6 +45,7 @@ import threading
 import time
 from pathlib import Path
 
+from peer.bench import json_lines, mean
 from peer.errors import UserError
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -189,20 +190,6 @@ def probe(
 
 
 # --- measuring ----------------------------------------------------------------------------------------------------
-
-
-def lines(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
-
-
-def mean(values: list[float], digits: int = 4) -> float | None:
-    return round(statistics.fmean(values), digits) if values else None
 
 
 def tree_rss(pid: int) -> tuple[int, int] | None:
@@ -399,7 +386,7 @@ def run_swarm(root: Path, model_dir: Path, task_config: dict, args) -> dict:
         while time.monotonic() < deadline:
             dead = swarm.check()
             if time.monotonic() - last_report >= 30:
-                made = [line for line in lines(root / "ledger.jsonl") if not line.get("no_signal")]
+                made = [line for line in json_lines(root / "ledger.jsonl") if not line.get("no_signal")]
                 reward = f", reward {made[-1]['reward_mean']:.3f}" if made else ""
                 print(f"{time.time() - t0:6.0f} s: {len(made)} version(s){reward}", flush=True)
                 last_report = time.monotonic()
@@ -408,10 +395,11 @@ def run_swarm(root: Path, model_dir: Path, task_config: dict, args) -> dict:
         end = time.time()
         memory.stop()
         codes = swarm.stop()
-    versions = [line for line in lines(root / "ledger.jsonl") if not line.get("no_signal")]
+    versions = [line for line in json_lines(root / "ledger.jsonl") if not line.get("no_signal")]
     made = [line for line in versions if line["time"] <= end]  # the rest came while the learner was stopping
     rollouts = [
-        rollout_result(c.name, c.result(), lines(root / f"{c.name}.jsonl"), t0, memory.peak) for c in swarm.rollouts
+        rollout_result(c.name, c.result(), json_lines(root / f"{c.name}.jsonl"), t0, memory.peak)
+        for c in swarm.rollouts
     ]
     learner = learner_result(made, swarm.learner.result() if swarm.learner else None, t0, end)
     learner["versions_while_stopping"] = len(versions) - len(made)

@@ -40,7 +40,6 @@ Not a test: numbers depend on the machine; docs/benchmarks.md records runs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -49,19 +48,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from peer.bench import json_lines, mean
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 GROUPS_PER_VERSION = 24
-
-
-def lines(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(ValueError):  # a line cut by a kill -9
-            out.append(json.loads(line))
-    return out
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -180,10 +171,10 @@ class Round:
         self.spawned: dict[str, float] = {}
 
     def versions(self) -> list[dict]:
-        return [v for v in lines(self.dir / "learner.jsonl") if not v.get("no_signal")]
+        return [v for v in json_lines(self.dir / "learner.jsonl") if not v.get("no_signal")]
 
     def peers(self) -> dict[str, list[dict]]:
-        return {c.name: lines(self.dir / f"{c.name}.jsonl") for c in self.swarm.rollouts}
+        return {c.name: json_lines(self.dir / f"{c.name}.jsonl") for c in self.swarm.rollouts}
 
     def start(self, timeout: float = 240.0) -> float:
         """Start the swarm; the wall time of its first version."""
@@ -234,8 +225,8 @@ def run_simple(root: Path, name: str, rollout_args, learner_args, args) -> dict:
         "own_rates": rates,
         "own_rates_sum": round(sum(x for x in rates.values() if x), 3),
         "versions": len([v for v in versions if start <= v["time"] <= end]),
-        "staleness_mean": _mean([v["staleness_mean"] for v in versions if start <= v["time"] <= end]),
-        "step_seconds_mean": _mean([v["step_seconds"] for v in versions if start <= v["time"] <= end]),
+        "staleness_mean": mean([v["staleness_mean"] for v in versions if start <= v["time"] <= end]),
+        "step_seconds_mean": mean([v["step_seconds"] for v in versions if start <= v["time"] <= end]),
         "propagation": propagation(peers, versions, start, end),
         "series": series(versions, start),
         "exit_codes": codes,
@@ -298,10 +289,6 @@ def run_churn(root: Path, pace: list[str], args) -> dict:
         "exit_codes": codes,
         "dir": str(r.dir),
     }
-
-
-def _mean(values: list[float]) -> float | None:
-    return round(statistics.fmean(values), 4) if values else None
 
 
 def main(argv=None) -> dict:
