@@ -315,7 +315,6 @@ class RolloutPeer:
             "tokens": 0,
         }
         self.versions_used: set[int] = set()
-        self._last_version = -1  # the version of the latest batch
 
     # --- start-up ------------------------------------------------------------------------------------------------
 
@@ -478,7 +477,7 @@ class RolloutPeer:
             self._follow()
             self._wait_for_learners()
             if c.one_batch_per_version and self.stats["batches"]:
-                self._wait_for_version(self._last_version)
+                self._wait_for_version(max(self.versions_used))
             if self._stop.is_set():
                 break
             n = self.batch_size
@@ -514,7 +513,6 @@ class RolloutPeer:
             for group in groups:
                 self.publisher.put(group)
             self.versions_used.add(self.version)
-            self._last_version = self.version
             tokens = int(batch.completion_mask.sum())
             self.stats["tokens"] += tokens
             self._ledger(
