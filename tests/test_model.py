@@ -126,6 +126,26 @@ def test_adapter_bytes_round_trip_hot_swap_in_place():
     assert adapter_to_bytes(dst) == blob
 
 
+def test_adapter_bytes_follow_in_place_updates_and_peft_layout():
+    """The key-to-parameter map is worked out once per model: it must keep reading the live parameters after an
+    optimizer step, and write exactly the tensors under exactly the keys peft's own state dict has."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import load as st_load
+
+    model, tokenizer = _lora_model("none")
+    before = adapter_to_bytes(model)
+    optimizer = torch.optim.AdamW(lora_parameters(model), lr=1e-2)
+    model(**tokenizer(PROMPTS, return_tensors="pt", padding=True)).logits.float().pow(2).mean().backward()
+    optimizer.step()
+    after = adapter_to_bytes(model)
+    assert after != before, "the serialized adapter did not follow the optimizer's in-place step"
+    peft_state = get_peft_model_state_dict(model)
+    written = st_load(after)
+    assert set(written) == set(peft_state)
+    for key, tensor in peft_state.items():
+        assert torch.equal(written[key], tensor.float()), key
+
+
 def test_bad_adapter_blobs_are_refused_and_change_nothing():
     model, _ = _lora_model("none")
     _make_lora_nonzero(model, seed=5)
