@@ -152,7 +152,7 @@ class DHTBucketStore(BucketStore):
 
     def _item(self, batch: list[GroupRecord]) -> tuple[str, bytes, dict]:
         first = batch[0]
-        if fits_inline(batch):
+        if len(batch) > 1 or fits_inline(batch):  # split_batches keeps a run of several groups within the budget
             entry = BucketEntry.of_groups(batch)
         else:
             if self.blobs is None:
