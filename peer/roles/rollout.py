@@ -9,9 +9,9 @@ announced adapter. Then, batch after batch, never waiting for a learner:
 2. *backpressure*: if the bucket of the newest version already holds ``max_inflight`` groups (by default twice
    what the learners consume per version), wait — those would only be consumed later, staler, or dropped;
 3. take the next ``batch_size`` sequence numbers; the prompts are ``task.example(prompt_seed(run_seed, key), seq)``
-   so learners can regenerate them; sample G completions each with their behaviour log-probs; score them;
-4. hand the groups to a publisher thread (DHT stores take milliseconds; sampling goes on meanwhile), and report
-   throughput in the heartbeat.
+   so learners can regenerate them; sample G completions each with their behaviour log-probs;
+4. hand the batch to a publisher thread, which scores it, builds the records and stores them (sampling goes on
+   meanwhile), and report throughput in the heartbeat.
 
 SIGINT/SIGTERM (:meth:`RolloutPeer.request_stop`) ends the loop after the current batch; the queued groups are
 published, the heartbeat announces ``leaving``, and everything started is shut down.
@@ -19,8 +19,11 @@ published, the heartbeat announces ``leaving``, and everything started is shut d
 
 from __future__ import annotations
 
+import copy
+import gc
 import json
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,6 +43,11 @@ from peer.roles.session import Session, SessionConfig, default_cache_dir, open_s
 
 logger = get_logger(__name__)
 
+# The sampler's thread gives the GIL up around every torch kernel; a background thread (the publisher, the adapter
+# follower, hivemind's future and fd-sharing threads) that takes it then keeps it until the switch interval ends:
+# 5 ms by default, against kernels of tens of microseconds. At 0.5 ms the sampler waits a tenth as long (measured
+# in docs/rollout.md).
+SWITCH_INTERVAL = 0.0005  # s
 CPU_BATCH_CAP = 16  # prompts; on the bundled model (1 thread) 16 prompts x 8 reach 0.90x the rate of 64 prompts
 CUDA_BATCH_CAP = 64
 BUCKET_EXPIRATION = 600.0  # s; bucket entries outlive the staleness window (docs/protocol.md, key table)
@@ -184,27 +192,54 @@ def build_groups(
     return groups
 
 
-class _Publisher:
-    """Publishes groups from a bounded queue on its own thread; a full queue blocks the sampler (backpressure)."""
+@dataclass
+class Sampled:
+    """A sampled batch on its way to the publisher: everything its records need, fixed when it was sampled."""
 
-    def __init__(self, store, max_queued: int, linger: float = 0.0):
+    batch: Completions
+    examples: list
+    seqs: range
+    version: int
+    sha: str
+
+
+class _Publisher:
+    """Scores sampled batches, builds their records and publishes them, on its own thread; a full queue blocks the
+    sampler (backpressure).
+
+    Scoring and building records take ~3 ms per 16 x 8 batch of the bundled model and the store's Python work some
+    more; done here, they run while the sampler's thread is inside torch kernels (which release the GIL) instead of
+    between two batches. ``prepare(sampled) -> list[GroupRecord]`` does the scoring. An exception from it (a task
+    whose reward raises) is kept in :attr:`error` and stops publishing; the sampler raises it at its next batch.
+    """
+
+    def __init__(self, store, max_queued: int, prepare, linger: float = 0.0):
         self.store = store
+        self.prepare = prepare
         self.linger = linger
         self.queue: queue.Queue = queue.Queue(maxsize=max_queued)
         self.published = 0
         self.failed = 0
+        self.prepare_seconds = 0.0
         self.last_error: str | None = None
+        self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="group-publisher", daemon=True)
         self._thread.start()
 
-    def put(self, group: GroupRecord) -> None:
-        self.queue.put(group)
+    def put(self, sampled: Sampled) -> None:
+        self.check()
+        self.queue.put(sampled)
+
+    def check(self) -> None:
+        """Raise what stopped the scoring, if anything did."""
+        if self.error is not None:
+            raise self.error
 
     def pending(self) -> int:
         return self.queue.unfinished_tasks
 
     def flush(self) -> None:
-        """Block until every queued group has been published (or has failed)."""
+        """Block until every queued batch has been published (or has failed)."""
         self.queue.join()
 
     def close(self, timeout: float = 60.0) -> None:
@@ -213,20 +248,33 @@ class _Publisher:
             self.queue.put(None)
             self._thread.join(timeout)
 
+    def _groups(self, items: list) -> list[GroupRecord]:
+        groups = []
+        for item in items:
+            if item is None or self.error is not None:
+                continue
+            start = time.perf_counter()
+            try:
+                groups += self.prepare(item)
+            except Exception as e:  # a broken task: the sampler stops on it
+                self.error = e
+            self.prepare_seconds += time.perf_counter() - start
+        return groups
+
     def _run(self) -> None:
         stop = False
         while not stop:
-            batch = [self.queue.get()]
+            items = [self.queue.get()]
             # gather for up to `linger` seconds: fewer, fuller entries cost every DHT node less validation
             deadline = time.monotonic() + self.linger
-            while len(batch) < 64 and batch[-1] is not None:
+            while items[-1] is not None and sum(len(i.seqs) for i in items) < 64:
                 try:
-                    batch.append(self.queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                    items.append(self.queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
-            stop = any(g is None for g in batch)  # `in` would compare records field by field
-            groups = [g for g in batch if g is not None]
+            stop = items[-1] is None
             try:
+                groups = self._groups(items)
                 if groups:
                     self.store.publish_many(groups)
                     self.published += len(groups)
@@ -235,7 +283,7 @@ class _Publisher:
                 self.last_error = str(e)
                 logger.warning("could not publish %d group(s): %s", len(groups), e)
             finally:
-                for _ in batch:
+                for _ in items:
                     self.queue.task_done()
 
 
@@ -262,6 +310,11 @@ class _Backlog:
     def enqueued(self, version: int, n: int) -> None:
         with self._lock:
             self._enqueued[version] = self._enqueued.get(version, 0) + n
+
+    def enqueued_in(self, min_version: int, max_version: int) -> int:
+        """Groups this peer handed to its publisher for versions ``min_version..max_version``."""
+        with self._lock:
+            return sum(n for v, n in self._enqueued.items() if min_version <= v <= max_version)
 
     def estimate(self, version: int) -> int:
         with self._lock:
@@ -315,6 +368,7 @@ class RolloutPeer:
             "tokens": 0,
         }
         self.versions_used: set[int] = set()
+        self.drain_seconds = 0.0
 
     # --- start-up ------------------------------------------------------------------------------------------------
 
@@ -344,9 +398,11 @@ class RolloutPeer:
             self.swarm, self.blobs, self.version, interval=c.poll_interval, others=self.session.providers
         ).start()
         self._closers.add(self.follower.stop)
+        self._scoring_tokenizer = copy.deepcopy(self.tokenizer)  # a fast tokenizer is not for two threads at once
         self.publisher = _Publisher(
             DHTBucketStore(self.swarm, self.blobs, expiration=BUCKET_EXPIRATION),
-            4 * self.batch_size,
+            4,
+            self.score,
             linger=c.publish_linger,
         )
         self._closers.add(self.publisher.close)
@@ -370,6 +426,12 @@ class RolloutPeer:
             spec.sampling.group_size,
             self.max_inflight,
         )
+        # Everything loaded so far (modules, the model, the swarm's objects, ~500k tracked by the collector) lives
+        # as long as the peer: out of the collector's sight, a full collection takes milliseconds instead of the
+        # 0.3-0.6 s it took here — holding the GIL, on whichever thread triggered it, while the sampler waited.
+        gc.collect()
+        gc.freeze()
+        sys.setswitchinterval(SWITCH_INTERVAL)
         return self
 
     @property
@@ -463,6 +525,23 @@ class RolloutPeer:
             if self._follow():
                 return
 
+    def score(self, sampled: Sampled) -> list[GroupRecord]:
+        """Rewards and records of a sampled batch (the publisher's thread calls it)."""
+        spec, G = self.spec, self.spec.sampling.group_size
+        texts = sampled.batch.texts(self._scoring_tokenizer)
+        rewards = [spec.task.reward(t, sampled.examples[i // G]) for i, t in enumerate(texts)]
+        owner, producer = self.swarm.public_key, str(self.swarm.peer_id)
+        return build_groups(
+            sampled.batch,
+            rewards,
+            sampled.seqs,
+            spec,
+            version=sampled.version,
+            sha=sampled.sha,
+            owner=owner,
+            producer=producer,
+        )
+
     def run(self, max_seconds: float | None = None) -> dict:
         """Sample, score and publish until stopped, ``max_groups``, or ``max_seconds``; returns what was done
         (counts are totals since :meth:`start`; the groups made are all published when it returns)."""
@@ -503,15 +582,9 @@ class RolloutPeer:
             paced = c.batch_seconds - (time.perf_counter() - t0)
             if paced > 0:  # a slower machine would publish these groups only now
                 self._stop.wait(paced)
-            texts = batch.texts(self.tokenizer)
-            rewards = [spec.task.reward(t, examples[i // s.group_size]) for i, t in enumerate(texts)]
-            groups = build_groups(
-                batch, rewards, seqs, spec, version=self.version, sha=self.sha, owner=owner, producer=producer
-            )
+            self.backlog.enqueued(self.version, n)
+            self.publisher.put(Sampled(batch, examples, seqs, self.version, self.sha))  # scored on its thread
             elapsed = time.perf_counter() - t0
-            self.backlog.enqueued(self.version, len(groups))
-            for group in groups:
-                self.publisher.put(group)
             self.versions_used.add(self.version)
             tokens = int(batch.completion_mask.sum())
             self.stats["tokens"] += tokens
@@ -534,7 +607,10 @@ class RolloutPeer:
                 throughput=recent_rate(window, elapsed),
                 stats={k: float(v) for k, v in self.stats.items()} | {"batch_size": float(self.batch_size)},
             )
+        drain = time.perf_counter()
         self.publisher.flush()
+        self.drain_seconds += time.perf_counter() - drain  # the last batch's linger and store: once per run() call
+        self.publisher.check()
         seconds = time.perf_counter() - started
         return {
             "groups": self.stats["groups"],
@@ -544,6 +620,7 @@ class RolloutPeer:
             "tokens": self.stats["tokens"],
             "seconds": round(seconds, 3),
             "sample_seconds": round(self.stats["sample_s"], 3),
+            "score_seconds": round(self.publisher.prepare_seconds, 3),
             "waited_seconds": round(self.stats["waited_s"], 3),
             "completions_per_second": round(self.stats["completions"] / seconds, 2) if seconds else 0.0,
             "adapter_version": self.version,

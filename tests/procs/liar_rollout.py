@@ -1,4 +1,4 @@
-"""A lying rollout peer for the learner tests: the real ``hivegrpo join`` with its group publisher patched.
+"""A lying rollout peer for the learner tests: the real ``hivegrpo join`` with its record building patched.
 
 Usage: python tests/procs/liar_rollout.py MODE join ARGS...   (ARGS as for ``hivegrpo join``)
 
@@ -21,14 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def patch(mode: str) -> None:
     from peer.roles import rollout
 
-    honest_put = rollout._Publisher.put
+    honest = rollout.build_groups
     state: dict = {"first": None, "replayed": False}
 
-    def inflate(self, group):
+    def inflate(group, put):
         lie = [0.0 if all(r == 1.0 for r in group.rewards) else 1.0] * len(group.rewards)
-        honest_put(self, group.copy(update={"rewards": lie}))
+        put(group.copy(update={"rewards": lie}))
 
-    def replay(self, group):
+    def replay(group, put):
         first = state["first"]
         if first is None:
             state["first"] = group
@@ -40,16 +40,24 @@ def patch(mode: str) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-            honest_put(self, copy)
-        honest_put(self, group)
+            put(copy)
+        put(group)
 
-    def forge(self, group):
+    def forge(group, put):
         from peer.protocol import Completion
 
         sure = [Completion.of(c.tokens(), [-0.01] * len(c.tokens())) for c in group.completions]
-        honest_put(self, group.copy(update={"completions": sure}))
+        put(group.copy(update={"completions": sure}))
 
-    rollout._Publisher.put = {"inflate": inflate, "replay": replay, "forge": forge}[mode]
+    lie = {"inflate": inflate, "replay": replay, "forge": forge}[mode]
+
+    def build_groups(*args, **kwargs):
+        out = []
+        for group in honest(*args, **kwargs):
+            lie(group, out.append)
+        return out
+
+    rollout.build_groups = build_groups
 
 
 if __name__ == "__main__":
