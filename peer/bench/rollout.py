@@ -2,7 +2,7 @@
 
 ``hivegrpo host`` runs as a child process; this process holds a real rollout peer
 (``peer.roles.rollout.RolloutPeer``, its DHT in a child process of its own) joined to it on loopback, and a
-third peer that plays the learner. Rounds alternate, A B A B ...:
+third peer that plays the learner. Rounds alternate A B A B ... A, so that each B sits between two A's:
 
 * **A, bare**: ``model.generate(do_sample=True, temperature=1, top_k=0, top_p=1, output_scores=True)`` on the
   rollout peer's own model object (nf4 base + LoRA), the same prompts x G rows per batch, the same
@@ -14,8 +14,9 @@ third peer that plays the learner. Rounds alternate, A B A B ...:
   a run; the bare rounds run under the same announcements).
 
 Completions per second are counted per round from the rows each made (B's groups are all published when its
-round returns; the bucket is read back at the end). Reported: every round, and the median ratio B / A (target
->= 0.9)::
+round returns; the bucket is read back at the end). Reported: every round, and the median ratio of B to the mean
+of the A's on either side (target >= 0.9), also without B's end-of-round drain (the wait for its last batch's
+linger and store, which a continuous run overlaps with the next batch)::
 
     python -m peer.bench.rollout --seconds 8 --rounds 3 --batch-size 16 --out rollout.json
 """
@@ -131,14 +132,25 @@ class StandInLearner:
         self._thread.join(timeout=10)
 
 
-def rollout_round(peer, seconds: float) -> tuple[int, float, float, float]:
-    """Completions made and published by the rollout loop in about ``seconds``; the seconds of it spent sampling,
-    scoring and building records (the rest: swaps, waiting, handing groups over), and of those in decoding alone."""
-    before, sampling, decoding = peer.stats["completions"], peer.stats["sample_s"], peer.stats["decode_s"]
+def rollout_round(peer, seconds: float) -> dict:
+    """Completions made and published by the rollout loop in about ``seconds``, and where its time went: decoding,
+    the sampler's whole batches (decoding + handing the batch over), the end-of-round drain (waiting for the last
+    batch's linger and store, which a continuous run overlaps with the next batch), and the publisher thread's
+    scoring and record building (concurrent with decoding)."""
+    stats = peer.stats
+    before = (stats["completions"], stats["sample_s"], stats["decode_s"], peer.drain_seconds)
+    scored = peer.publisher.prepare_seconds
     start = time.perf_counter()
     peer.run(max_seconds=seconds)
-    made, secs = peer.stats["completions"] - before, time.perf_counter() - start
-    return made, secs, peer.stats["sample_s"] - sampling, peer.stats["decode_s"] - decoding
+    secs = time.perf_counter() - start
+    return {
+        "completions": stats["completions"] - before[0],
+        "seconds": round(secs, 3),
+        "sampling_seconds": round(stats["sample_s"] - before[1], 3),
+        "decode_seconds": round(stats["decode_s"] - before[2], 3),
+        "drain_seconds": round(peer.drain_seconds - before[3], 3),
+        "scoring_seconds": round(peer.publisher.prepare_seconds - scored, 3),
+    }
 
 
 def main() -> None:
@@ -191,20 +203,14 @@ def main() -> None:
             for i in range(args.rounds):
                 rows, secs = bare_round(peer, prompts, args.seconds)
                 rounds.append({"kind": "bare", "round": i, "completions": rows, "seconds": round(secs, 3)})
-                made, secs, sampling, decoding = rollout_round(peer, args.seconds)
-                rounds.append(
-                    {
-                        "kind": "rollout",
-                        "round": i,
-                        "completions": made,
-                        "seconds": round(secs, 3),
-                        "sampling_seconds": round(sampling, 3),
-                        "decode_seconds": round(decoding, 3),
-                    }
-                )
+                rounds.append({"kind": "rollout", "round": i, **rollout_round(peer, args.seconds)})
+            rows, secs = bare_round(peer, prompts, args.seconds)  # each rollout round sits between two bare ones
+            rounds.append({"kind": "bare", "round": args.rounds, "completions": rows, "seconds": round(secs, 3)})
             learner.stop()
             time.sleep(2.0)  # the last stores were acknowledged by the first replica; let the rest land
-            in_buckets = DHTBucketStore(announcer).count(max(0, peer.version - 40), peer.version)
+            window = (max(0, peer.version - 40), peer.version)  # well inside the ring of readable versions
+            in_buckets = DHTBucketStore(announcer).count(*window)
+            in_window = peer.backlog.enqueued_in(*window)
             published = peer.publisher.published
             swaps, swap_ms = peer.stats["swaps"], 1000 * statistics.median(peer.swap_seconds or [0.0])
             blobs.close()
@@ -222,17 +228,28 @@ def main() -> None:
 
     for r in rounds:
         r["per_second"] = round(r["completions"] / r["seconds"], 1)
+        if r["kind"] == "rollout":
+            r["per_second_steady"] = round(r["completions"] / (r["seconds"] - r["drain_seconds"]), 1)
     bare = [r["per_second"] for r in rounds if r["kind"] == "bare"]
     roll = [r["per_second"] for r in rounds if r["kind"] == "rollout"]
-    ratios = [b / a for a, b in zip(bare, roll, strict=True)]
+    steady = [r["per_second_steady"] for r in rounds if r["kind"] == "rollout"]
+    # against the mean of the bare rounds just before and just after: a machine whose speed drifts during the run
+    # (a shared one does) biases neither kind
+    around = [(bare[i] + bare[i + 1]) / 2 for i in range(len(roll))]
+    ratios = [b / a for a, b in zip(around, roll, strict=True)]
+    steady_ratios = [b / a for a, b in zip(around, steady, strict=True)]
     result = {
         "rounds": rounds,
         "bare_median": statistics.median(bare),
         "rollout_median": statistics.median(roll),
         "ratio_median": round(statistics.median(ratios), 3),
         "ratios": [round(x, 3) for x in ratios],
+        "steady_ratio_median": round(statistics.median(steady_ratios), 3),
+        "steady_ratios": [round(x, 3) for x in steady_ratios],
         "groups_published": published,
         "groups_in_buckets": in_buckets,
+        "groups_published_in_window": in_window,
+        "window_versions": list(window),
         "adapter_swaps": swaps,
         "swap_ms_median": round(swap_ms, 2),
         "version_interval": args.version_interval,
@@ -244,20 +261,25 @@ def main() -> None:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
-    sampled = [r["sampling_seconds"] / r["seconds"] for r in rounds if r["kind"] == "rollout"]
-    decoded = [r["decode_seconds"] / r["seconds"] for r in rounds if r["kind"] == "rollout"]
-    result["rollout_sampling_fraction"] = [round(x, 3) for x in sampled]
-    result["rollout_decode_fraction"] = [round(x, 3) for x in decoded]
+    rolls = [r for r in rounds if r["kind"] == "rollout"]
+    share = {k: [r[f"{k}_seconds"] / r["seconds"] for r in rolls] for k in ("decode", "sampling", "drain", "scoring")}
+    for k, values in share.items():
+        result[f"rollout_{k}_fraction"] = [round(x, 3) for x in values]
     print(
-        f"{'round':>5}  {'bare generate() /s':>19}  {'rollout peer /s':>16}  {'ratio':>6}  "
-        f"{'decoding':>8}  {'+ scoring, records':>18}"
+        f"{'round':>5}  {'bare generate() /s*':>19}  {'rollout peer /s':>16}  {'ratio':>6}  {'w/o drain':>9}  "
+        f"{'decoding':>8}  {'+ hand-over':>11}  {'drain':>6}  {'scoring (other thread)':>22}"
     )
-    for i, (a, b) in enumerate(zip(bare, roll, strict=True)):
-        print(f"{i:>5}  {a:>19.1f}  {b:>16.1f}  {b / a:>6.3f}  {decoded[i]:>8.1%}  {sampled[i]:>18.1%}")
+    for i, (a, b) in enumerate(zip(around, roll, strict=True)):
+        print(
+            f"{i:>5}  {a:>19.1f}  {b:>16.1f}  {b / a:>6.3f}  {steady[i] / a:>9.3f}  {share['decode'][i]:>8.1%}  "
+            f"{share['sampling'][i]:>11.1%}  {share['drain'][i]:>6.1%}  {share['scoring'][i]:>22.1%}"
+        )
     print(
-        f"median ratio {result['ratio_median']:.3f} (target >= 0.9); {published} groups published, "
-        f"{in_buckets} read back from the buckets; {swaps} adapter swaps (median {swap_ms:.1f} ms); "
-        f"batch {args.batch_size} x 8, {args.threads} thread(s)"
+        f"median ratio {result['ratio_median']:.3f}, without the end-of-round drain "
+        f"{result['steady_ratio_median']:.3f} (target >= 0.9); {published} groups published, "
+        f"{in_buckets} of the {in_window} of v{window[0]}-v{window[1]} read back from the buckets; "
+        f"{swaps} adapter swaps (median {swap_ms:.1f} ms); "
+        f"batch {args.batch_size} x 8, {args.threads} thread(s); * mean of the bare rounds before and after"
     )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
