@@ -595,6 +595,22 @@ def test_a_task_whose_reward_raises_stops_the_sampler_loudly():
     assert sorted(seq for (_, _, seq) in store.entries) == [0, 1]
 
 
+def test_the_backlog_never_counts_fewer_than_this_peers_own_groups():
+    class Store:  # the DHT holds 4 of this peer's 8 groups of v2 (the other 4 are still being scored and stored)
+        def count(self, lo, hi):
+            return 4
+
+    backlog = rollout._Backlog(Store(), interval=3600.0)
+    backlog.enqueued(2, 8)
+    backlog.count_now(2)
+    assert backlog.estimate(2) == 8, "the count taken mid-publication must not undercount this peer's groups"
+    backlog._counted = (2, 20, 8)  # other peers' groups too: the count is above what this peer queued
+    backlog.enqueued(2, 4)
+    assert backlog.estimate(2) == 24
+    assert backlog.estimate(3) == 0 and backlog.enqueued_in(0, 5) == 12
+    backlog.stop()
+
+
 def test_received_counts_the_bytes_of_every_transfer_attempt():
     from peer.roles.adapters import Received
 

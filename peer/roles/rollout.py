@@ -20,10 +20,8 @@ published, the heartbeat announces ``leaving``, and everything started is shut d
 from __future__ import annotations
 
 import copy
-import gc
 import json
 import queue
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,15 +37,10 @@ from peer.protocol import Completion, GroupRecord, encode_tokens, key_fingerprin
 from peer.roles.adapters import AdapterFollower
 from peer.roles.closers import Closers
 from peer.roles.run import RunSpec, prompt_seed, sampling_seed
-from peer.roles.session import Session, SessionConfig, default_cache_dir, open_session
+from peer.roles.session import Session, SessionConfig, default_cache_dir, open_session, settle_process
 
 logger = get_logger(__name__)
 
-# The sampler's thread gives the GIL up around every torch kernel; a background thread (the publisher, the adapter
-# follower, hivemind's future and fd-sharing threads) that takes it then keeps it until the switch interval ends:
-# 5 ms by default, against kernels of tens of microseconds. At 0.5 ms the sampler waits a tenth as long (measured
-# in docs/rollout.md).
-SWITCH_INTERVAL = 0.0005  # s
 CPU_BATCH_CAP = 16  # prompts; on the bundled model (1 thread) 16 prompts x 8 reach 0.90x the rate of 64 prompts
 CUDA_BATCH_CAP = 64
 BUCKET_EXPIRATION = 600.0  # s; bucket entries outlive the staleness window (docs/protocol.md, key table)
@@ -320,7 +313,11 @@ class _Backlog:
         with self._lock:
             counted_version, count, then = self._counted
             now = self._enqueued.get(version, 0)
-        return (count + now - then) if counted_version == version else now
+        if counted_version != version:
+            return now
+        # the count misses what was enqueued but not yet stored (scoring, the linger, the store itself): this
+        # peer's own groups are a floor, or the peer would sample past the bound while its last batches publish
+        return max(count + now - then, now)
 
     def count_now(self, version: int) -> None:
         with self._lock:
@@ -426,12 +423,7 @@ class RolloutPeer:
             spec.sampling.group_size,
             self.max_inflight,
         )
-        # Everything loaded so far (modules, the model, the swarm's objects, ~500k tracked by the collector) lives
-        # as long as the peer: out of the collector's sight, a full collection takes milliseconds instead of the
-        # 0.3-0.6 s it took here — holding the GIL, on whichever thread triggered it, while the sampler waited.
-        gc.collect()
-        gc.freeze()
-        sys.setswitchinterval(SWITCH_INTERVAL)
+        settle_process()  # no collector pauses, short GIL hold-ups for the sampler (docs/rollout.md)
         return self
 
     @property
