@@ -2,8 +2,9 @@
 
 import hashlib
 import time
+from types import SimpleNamespace
 
-from peer.network.buckets import MemoryBucketStore, ids
+from peer.network.buckets import DHTBucketStore, MemoryBucketStore, ids
 from peer.protocol import BUCKET_RING, Completion, GroupRecord, encode_tokens
 
 PID = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
@@ -63,3 +64,25 @@ def test_a_corrupt_entry_is_reported_not_raised():
     got = {f.seq: f for f in store.fetch(1, 1)}
     assert got[0].group is None and "not valid msgpack" in got[0].error
     assert got[9].group is None and "its entry 1.9" in got[9].error
+
+
+def test_each_buckets_reads_search_narrowly_except_one_wide_read_every_few_seconds():
+    searches, now = [], [100.0]
+    swarm = SimpleNamespace(run_id="r", get_dict=lambda key, narrow: searches.append((key, narrow)) or {})
+    store = DHTBucketStore(swarm, wide_every=5.0, clock=lambda: now[0])
+
+    def widths(read):
+        searches.clear()
+        read()
+        return [narrow for _, narrow in searches]
+
+    assert widths(lambda: store.fetch(3, 4)) == [True, True], "a bucket's first reads are narrow"
+    now[0] = 102.0
+    assert widths(lambda: store.fetch(4, 5)) == [True, True]
+    now[0] = 105.0
+    assert widths(lambda: store.count(3, 5)) == [False, False, True], "5 s after their first reads, 3 and 4 go wide"
+    assert widths(lambda: store.fetch(3, 5)) == [True, True, True]
+    now[0] = 107.0
+    assert widths(lambda: store.fetch(3, 5)) == [True, True, False], "each version on its own clock"
+    assert len({key for key, _ in searches}) == 3
+    assert widths(lambda: DHTBucketStore(swarm, narrow=False).fetch(3, 4)) == [False, False]

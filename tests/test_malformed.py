@@ -311,12 +311,14 @@ class BlobCache:
 def test_oversize_group_batch_goes_as_a_blob_pointer():
     small = [tp.group(version=5, seq=seq) for seq in (0, 1)]
     big = [big_group().copy(update={"seq": seq}) for seq in (10, 11)]
-    stores = []
+    stores, searches = [], set()
     swarm = SimpleNamespace(
         run_id=RUN,
         public_key=PUB_A,
         peer_id=ih.PEER_ID,
-        store_many=lambda items, what, all_replicas: stores.extend(items) or [True] * len(items),
+        store_many=lambda items, what, all_replicas, narrow: (
+            searches.add(narrow) or stores.extend(items) or [True] * len(items)
+        ),
     )
     cache = BlobCache()
     DHTBucketStore(swarm, SimpleNamespace(cache=cache)).publish_many(small + big)
@@ -324,6 +326,7 @@ def test_oversize_group_batch_goes_as_a_blob_pointer():
         keys.parse_group_subkey(subkey)[2]: from_dht_value(BucketEntry, value) for _, subkey, value, _ in stores
     }
     assert sorted(entries) == [0, 10, 11], "the small groups share an entry, each big one has its own"
+    assert searches == {True}, "bucket entries are stored with the narrow search"
     assert entries[0].inline == small and entries[0].pointer is None, "small groups still travel inline"
     for seq, group in zip((10, 11), big, strict=True):
         pointed = entries[seq]

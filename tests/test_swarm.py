@@ -1,5 +1,6 @@
 """The swarm layer with real peers in real processes on loopback: joining, buckets, blobs, heartbeats, validators."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -83,6 +84,29 @@ def test_three_peers_see_each_others_groups_and_refuse_a_liars_records(peers):
     assert liar.get("forged") is False
 
 
+@pytest.mark.timeout(300)
+def test_in_a_swarm_wider_than_the_narrow_search_every_peer_still_sees_every_group(peers):
+    """Ten peers, more than the 5 nodes a narrow search asks: with narrow stores and narrow reads only, each peer
+    sees the 30 groups all of them published once the swarm had formed."""
+    start, procs, d = peers
+    names = [f"p{i}" for i in range(10)]
+    flags = ("--groups", "3", "--expect", "10", "--wide-every", "inf", "--wait-go")
+    start(names[0], *flags)
+    first = wait_for(d / "p0.addr", procs)
+    for name in names[1:]:
+        start(name, "--initial-peers", *first["maddrs"], *flags)
+    addrs = {n: wait_for(d / f"{n}.addr", procs, timeout=180) for n in names}
+    time.sleep(2.0)  # let the last joiners' routing tables fill
+    (d / "go").touch()
+    reports = {n: wait_for(d / f"{n}.json", procs, timeout=180) for n in names}
+
+    expected = {(addrs[n]["owner"], seq % 2, seq) for n in names for seq in range(3)}
+    for name, report in reports.items():
+        seen = {(o, v, s) for o, v, s, _ in report["groups"]}
+        assert seen == expected, f"{name} missed {len(expected - seen)} of {len(expected)} groups"
+        assert report["errors"] == [], report["errors"]
+
+
 def test_unreachable_initial_peer_is_one_clear_error():
     from peer.network.swarm import NetworkConfig, SwarmJoinError, join
 
@@ -138,21 +162,10 @@ def test_large_records_stored_from_many_threads_at_once_keep_the_dht_alive():
 
     from peer.network.buckets import DHTBucketStore
     from peer.network.swarm import NetworkConfig, join
-    from peer.protocol import Completion, GroupRecord, encode_tokens, fits_inline
+    from peer.protocol import fits_inline
 
-    def group(peer_id: str, version: int, seq: int) -> GroupRecord:
-        return GroupRecord(
-            version=version,
-            adapter_sha256="ab" * 32,
-            producer=peer_id,
-            seq=seq,
-            task_seed=1,
-            task_index=seq,
-            prompt_ids=encode_tokens([1, 2, 3]),
-            completions=[Completion.of([4] * 560, [-0.5] * 560) for _ in range(8)],
-            rewards=[0.0, 1.0] * 4,
-            created=time.time(),
-        )
+    def group(peer_id: str, version: int, seq: int):
+        return _group(peer_id, version, seq, tokens=560)
 
     with join(NetworkConfig.loopback(), "run") as a, join(NetworkConfig.loopback(a.visible_maddrs()), "run") as b:
         store, errors = DHTBucketStore(b), []
@@ -172,3 +185,70 @@ def test_large_records_stored_from_many_threads_at_once_keep_the_dht_alive():
             t.join(timeout=120)
         assert not errors and b.dht.is_alive() and a.dht.is_alive()
         assert [DHTBucketStore(a).count(v, v) for v in range(4)] == [12, 12, 12, 12]
+
+
+def _group(peer_id: str, version: int, seq: int, tokens: int = 5):
+    from peer.protocol import Completion, GroupRecord, encode_tokens
+
+    return GroupRecord(
+        version=version,
+        adapter_sha256="ab" * 32,
+        producer=peer_id,
+        seq=seq,
+        task_seed=1,
+        task_index=seq,
+        prompt_ids=encode_tokens([1, 2, 3]),
+        completions=[Completion.of([4] * tokens, [-0.5] * tokens) for _ in range(8)],
+        rewards=[0.0, 1.0] * 4,
+        created=time.time(),
+    )
+
+
+async def _lookups(_dht, node) -> int:
+    """Runs in a DHT process: count the node's nearest-node lookups from now on; returns the count so far."""
+    if not hasattr(node, "lookups"):
+        original, node.lookups = node.find_nearest_nodes, 0
+
+        async def counted(*args, **kwargs):
+            node.lookups += 1
+            return await original(*args, **kwargs)
+
+        node.find_nearest_nodes = counted
+    return node.lookups
+
+
+@pytest.mark.timeout(120)
+def test_narrow_stores_look_a_key_up_once_and_again_after_a_replica_stops_answering():
+    """Five peers (a full replica set): one lookup serves many stores to a key; a replica that stops answering
+    makes the next store look the key up again; with four peers left (a set not full) every store looks up."""
+    from peer.network.swarm import NetworkConfig, join
+    from peer.protocol import BucketEntry, bucket_key, group_subkey, to_dht_value
+
+    def store(version: int, seq: int) -> bool:
+        entry = to_dht_value(BucketEntry.of_groups([_group(str(b.peer_id), version, seq)]))
+        item = (bucket_key("run", version), group_subkey(b.public_key, version, seq), entry, time.time() + 60)
+        return b.store_many([item], "bucket entry", all_replicas=True, narrow=True)[0]
+
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(join(NetworkConfig.loopback(), "run"))
+        b, c, d = (stack.enter_context(join(NetworkConfig.loopback(a.visible_maddrs()), "run")) for _ in range(3))
+        e = join(NetworkConfig.loopback(a.visible_maddrs()), "run")
+        try:
+            time.sleep(1.0)  # let the last joiner reach every routing table
+            key, start = bucket_key("run", 0), b.dht.run_coroutine(_lookups)
+            assert all(store(0, seq) for seq in range(3))
+            assert b.dht.run_coroutine(_lookups) == start + 1, "one lookup for three stores to one key"
+            assert store(1, 3) and b.dht.run_coroutine(_lookups) == start + 2
+            for reader in (a, c, d, e):
+                assert len(reader.get_dict(key, narrow=True)) == 3, "every replica took every narrow store"
+        finally:
+            e.shutdown()
+        deadline, seq = time.time() + 60, 4
+        while b.dht.run_coroutine(_lookups) == start + 2:  # e no longer answers: look the key up again
+            assert time.time() < deadline, "a store to a replica that stopped answering never looked the key up again"
+            assert store(0, seq), "a store still lands on the replicas that answer"
+            seq += 1
+        before = b.dht.run_coroutine(_lookups)
+        assert store(0, seq) and store(0, seq + 1)
+        assert b.dht.run_coroutine(_lookups) == before + 2, "four peers: no full set to remember"
+        assert len(a.get_dict(key, narrow=True)) == 3 + (seq + 2 - 4), "seqs 0-2 and 4 on: none lost"

@@ -2,20 +2,29 @@
 
 For each swarm size N, one process holds a writer and a reader swarm peer; N - 2 more peers run as separate
 processes and hold their share of the DHT. Each trial publishes one inline group (G = 8, 6 tokens each) from the
-writer and polls the reader until it sees it::
+writer and polls the reader until it sees it. Trials go round 32 versions, as a run's versions do: each version's
+bucket has its own key and so its own nearest nodes (with one key, whether the writer or reader happened to be
+one of them decided a whole run's numbers)::
 
     python -m peer.bench.buckets --peers 2 8 32 --trials 40 --out buckets.json
 
-Reported per N: p50/p95 of publish→visible, of the publish call, and of one fetch of the bucket.
+Reported per N: p50/p95 of publish→visible, of the publish call, and of one fetch of the bucket, for the narrow
+search the buckets use and for hivemind's default (wide) search, in turns of 10 trials (a wide store's other
+replicas are written in the background and would slow a narrow trial right after it). Readers pass the ids they
+have seen, as learners do. What is measured is
+a swarm that is running, not one starting: after the last peer joins the bench waits ``--settle`` seconds (the
+just-started peers keep ~1.3 of the 2 cores busy for about 3 s, then ~0.1) and runs ``--warmup`` trials it does
+not count (the first requests to each peer open its connections).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
+import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -23,13 +32,15 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 RUN = "bench-buckets"
+VERSIONS = 32  # trials go round this many versions: each has its own bucket key, so its own nearest nodes
+BLOCK = 10  # trials in a row with one search; the two searches take turns block by block
 
 
-def _group(peer_id: str, seq: int):
+def _group(peer_id: str, seq: int, version: int):
     from peer.protocol import Completion, GroupRecord, encode_tokens
 
     return GroupRecord(
-        version=0,
+        version=version,
         adapter_sha256=hashlib.sha256(b"v0").hexdigest(),
         producer=peer_id,
         seq=seq,
@@ -47,7 +58,7 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def measure(n_peers: int, trials: int) -> dict:
+def measure(n_peers: int, trials: int, settle: float = 5.0, warmup: int = 5) -> dict:
     from peer.network.buckets import DHTBucketStore
     from peer.network.swarm import NetworkConfig, join
 
@@ -67,32 +78,41 @@ def measure(n_peers: int, trials: int) -> dict:
             p.stdout.readline()  # joined
         reader = join(NetworkConfig.loopback(first), RUN)
         try:
-            w, r = DHTBucketStore(writer), DHTBucketStore(reader)
-            visible, publish, fetch = [], [], []
-            for seq in range(trials):
-                group = _group(str(writer.peer_id), seq)
-                t0 = time.perf_counter()
-                w.publish(group)
-                t1 = time.perf_counter()
-                while True:
-                    t2 = time.perf_counter()
-                    got = r.fetch(0, 0)
-                    t3 = time.perf_counter()
-                    if any(f.seq == seq and f.group is not None for f in got):
-                        break
-                    if t3 - t0 > 30:
-                        raise RuntimeError(f"group {seq} not visible after 30 s with {n_peers} peers")
-                publish.append(t1 - t0)
-                fetch.append(t3 - t2)
-                visible.append(t3 - t0)
-            return {
-                "peers": n_peers,
-                "trials": trials,
-                **{f"visible_{k}_ms": round(1000 * _pct(visible, q), 1) for k, q in (("p50", 0.5), ("p95", 0.95))},
-                **{f"publish_{k}_ms": round(1000 * _pct(publish, q), 1) for k, q in (("p50", 0.5), ("p95", 0.95))},
-                **{f"fetch_{k}_ms": round(1000 * _pct(fetch, q), 1) for k, q in (("p50", 0.5), ("p95", 0.95))},
-                "fetch_mean_ms": round(1000 * statistics.mean(fetch), 1),
+            time.sleep(settle)
+            stores = {
+                search: (DHTBucketStore(writer, narrow=narrow), DHTBucketStore(reader, narrow=narrow))
+                for search, narrow in (("narrow", True), ("wide", False))
             }
+            times = {search: {"visible": [], "publish": [], "fetch": []} for search in stores}
+            seqs, seen = itertools.count(), set()
+            for block in range(2 * math.ceil(trials / BLOCK)):
+                search = ("narrow", "wide")[block % 2]
+                w, r = stores[search]
+                time.sleep(1.0)  # a wide store's other replicas finish in the background; not into the next block
+                for trial in range((warmup if block < 2 else 0) + BLOCK):
+                    seq = next(seqs)
+                    t0 = time.perf_counter()
+                    version = seq % VERSIONS
+                    w.publish(_group(str(writer.peer_id), seq, version))
+                    t1 = time.perf_counter()
+                    while True:
+                        t2 = time.perf_counter()
+                        got = r.fetch(version, version, seen=seen)
+                        t3 = time.perf_counter()
+                        seen.update(f.id for f in got if f.group is not None)
+                        if (writer.public_key, version, seq) in seen:
+                            break
+                        if t3 - t0 > 30:
+                            raise RuntimeError(f"group {seq} not visible after 30 s with {n_peers} peers")
+                    if trial >= (warmup if block < 2 else 0):
+                        for name, value in (("publish", t1 - t0), ("fetch", t3 - t2), ("visible", t3 - t0)):
+                            times[search][name].append(value)
+            row = {"peers": n_peers, "trials": trials}
+            for search, measured in times.items():
+                for name, values in measured.items():
+                    for k, q in (("p50", 0.5), ("p95", 0.95)):
+                        row[f"{search}_{name}_{k}_ms"] = round(1000 * _pct(values, q), 1)
+            return row
         finally:
             reader.shutdown()
     finally:
@@ -111,27 +131,21 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--peers", type=int, nargs="+", default=[2, 8, 32])
     parser.add_argument("--trials", type=int, default=40)
+    parser.add_argument("--settle", type=float, default=5.0, help="seconds between the last join and the first trial")
+    parser.add_argument("--warmup", type=int, default=5, help="trials run first and not counted")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    rows = [measure(n, args.trials) for n in args.peers]
-    cols = [
-        "peers",
-        "visible_p50_ms",
-        "visible_p95_ms",
-        "publish_p50_ms",
-        "publish_p95_ms",
-        "fetch_p50_ms",
-        "fetch_p95_ms",
-    ]
-    print(" ".join(f"{c:>15}" for c in cols))
+    rows = [measure(n, args.trials, args.settle, args.warmup) for n in args.peers]
+    names = [f"{name}_{k}" for name in ("visible", "publish", "fetch") for k in ("p50", "p95")]
+    print(f"{'peers':>5} {'search':>6} " + " ".join(f"{n + '_ms':>15}" for n in names))
     for row in rows:
-        print(" ".join(f"{row[c]:>15}" for c in cols))
-    base = rows[0]["visible_p50_ms"]
-    result = {"rows": rows, "ratio_p50_largest_vs_smallest": round(rows[-1]["visible_p50_ms"] / base, 2)}
-    print(
-        f"publish→visible p50 at {rows[-1]['peers']} peers / at {rows[0]['peers']}: "
-        f"{result['ratio_p50_largest_vs_smallest']}"
-    )
+        for search in ("narrow", "wide"):
+            print(f"{row['peers']:>5} {search:>6} " + " ".join(f"{row[f'{search}_{n}_ms']:>15}" for n in names))
+    result = {"rows": rows}
+    for search in ("narrow", "wide"):
+        ratio = round(rows[-1][f"{search}_visible_p50_ms"] / rows[0][f"{search}_visible_p50_ms"], 2)
+        result[f"{search}_ratio_p50_largest_vs_smallest"] = ratio
+        print(f"{search}: publish→visible p50 at {rows[-1]['peers']} peers / at {rows[0]['peers']}: {ratio}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -5,6 +5,9 @@ A rollout peer publishes each group under ``bucket_key(run, version)`` with the 
 the entry matches its schema. A small group rides inline in the entry; a larger one is put in the producer's blob
 cache and the entry holds a pointer (sha256, size, provider), fetched over a P2P stream when a learner wants it.
 Entries expire by themselves (``expiration`` seconds, sized to the staleness window), so buckets clean up.
+Stores and reads search narrowly (the key's nearest replicas, one round of requests: ``Swarm``'s "search width");
+every ``wide_every`` seconds a read searches as wide as hivemind does by default, so an entry a writer with a stale
+routing table put on nodes a little off the nearest ones is still found.
 
 A reader asks for every group in a version range it has not seen yet and gets, per entry, either the group and
 its owner key (the verified signer — the identity bans attach to) or the reason it was refused. Nothing read is
@@ -119,13 +122,26 @@ class DHTBucketStore(BucketStore):
     """Buckets in the swarm's DHT; large groups as blobs served by their producer (``blobs``: a BlobService)."""
 
     def __init__(
-        self, swarm, blobs=None, *, expiration: float = 600.0, fetch_timeout: float = 30.0, store_attempts: int = 4
+        self,
+        swarm,
+        blobs=None,
+        *,
+        expiration: float = 600.0,
+        fetch_timeout: float = 30.0,
+        store_attempts: int = 4,
+        narrow: bool = True,
+        wide_every: float = 5.0,
+        clock=time.monotonic,
     ):
         self.swarm = swarm
         self.store_attempts = store_attempts
         self.blobs = blobs
         self.expiration = expiration
         self.fetch_timeout = fetch_timeout
+        self.narrow = narrow  # False: every store and read searches as wide as hivemind's default
+        self.wide_every = wide_every
+        self._clock = clock
+        self._wide_at: dict[int, float] = {}  # version -> when a read of its bucket last searched wide
 
     def publish(self, group: GroupRecord) -> None:
         self.publish_many([group])
@@ -137,7 +153,9 @@ class DHTBucketStore(BucketStore):
             keys = list(pending)
             # hivemind's DHT time is wall-clock time; a retry may extend, never shorten, an entry's life
             items = [(k, sk, v, time.time() + self.expiration) for k, sk, v in (pending[i] for i in keys)]
-            for i, ok in zip(keys, self.swarm.store_many(items, "bucket entry", all_replicas=False), strict=True):
+            for i, ok in zip(
+                keys, self.swarm.store_many(items, "bucket entry", all_replicas=False, narrow=self.narrow), strict=True
+            ):
                 if ok:
                     del pending[i]
             if not pending:
@@ -173,7 +191,7 @@ class DHTBucketStore(BucketStore):
     ) -> list[Fetched]:
         out = []
         for version in _versions(min_version, max_version):
-            for subkey, item in self.swarm.get_dict(bucket_key(self.swarm.run_id, version)).items():
+            for subkey, item in self._entries(version).items():
                 try:
                     owner, v, seq = parse_group_subkey(subkey)
                 except (RecordError, UserError, ValueError):
@@ -190,13 +208,25 @@ class DHTBucketStore(BucketStore):
         """Groups in the range by the entries' counts alone: no parsing, no blob fetch (cheap enough per batch)."""
         total = 0
         for version in _versions(min_version, max_version):
-            for subkey, item in self.swarm.get_dict(bucket_key(self.swarm.run_id, version)).items():
+            for subkey, item in self._entries(version).items():
                 try:
                     if parse_group_subkey(subkey)[1] == version:
                         total += _count_of(item.value)
                 except (RecordError, UserError, ValueError):
                     continue
         return total
+
+    def _entries(self, version: int) -> dict:
+        """The bucket's entries: a narrow search, but a wide one if this version's bucket had none for
+        ``wide_every`` seconds (each version on its own: a reader may read old versions rarely)."""
+        now = self._clock()
+        narrow = self.narrow and now - self._wide_at.setdefault(version, now) < self.wide_every
+        if not narrow:
+            self._wide_at[version] = now
+            if len(self._wide_at) > 2 * BUCKET_RING:
+                for old in sorted(self._wide_at)[:BUCKET_RING]:
+                    del self._wide_at[old]
+        return self.swarm.get_dict(bucket_key(self.swarm.run_id, version), narrow=narrow)
 
     def _read(self, owner: bytes, version: int, seq: int, value) -> list[Fetched]:
         count = _count_of(value)

@@ -11,6 +11,16 @@ Home machines: by default the peer listens on all interfaces, uses libp2p relays
 bootstrap timeouts are generous (60 s / 30 s) because home links are slow to open. A peer that cannot bootstrap
 raises :class:`SwarmJoinError` naming the addresses it tried and what to check — never a bare traceback or a hang.
 
+Search width: a record lives on the ``REPLICAS`` DHT nodes nearest its key. hivemind searches for them with a beam
+of 20 nodes (its bucket size), 4 requests in flight, before every store and on every ``latest`` read: in a swarm of
+32 that is ~20 nodes asked over several rounds. The hot paths (bucket entries, stored and polled per batch) pass
+``narrow=True``. A narrow store looks the ``REPLICAS`` nearest nodes up with a beam that wide, all asked at once,
+and then remembers them for the key (``peer.network.near_store``: later stores to that key skip the lookup). A
+narrow read asks the key's 2 nearest nodes at once: every replica gets every store, so one live replica has the
+whole dictionary and the second covers one that is down or behind. Both still follow nearer nodes that answers
+name, so they converge as Kademlia lookups do; they are less thorough than the wide search when routing tables
+are stale, which is why bucket readers read wide now and then (docs/protocol.md "Search width").
+
 Identity: ``identity_path`` keeps the libp2p identity (so the peer id, and thus the multiaddrs others pasted,
 survive a restart) and, beside it at ``<identity_path>.rsa``, the RSA key that signs this peer's DHT records (so
 a restarted peer still owns its subkeys). Without it, both are fresh for each run of the process.
@@ -33,6 +43,9 @@ from peer.log import get_logger
 from peer.protocol import check_run_id, check_value_size
 
 logger = get_logger(__name__)
+
+REPLICAS = 5  # hivemind's num_replicas, set explicitly: a narrow store writes to this many nearest nodes
+NARROW_READ = {"beam_size": 2, "num_workers": 2}  # a narrow read asks the 2 nearest nodes, both at once
 
 
 class SwarmJoinError(UserError, RuntimeError):
@@ -92,7 +105,7 @@ def load_signing_key(identity_path: str | None):
     return key
 
 
-async def _store_file(path: str, all_replicas: bool, _dht, node) -> list[bool]:
+async def _store_file(path: str, all_replicas: bool, narrow: bool, _dht, node) -> list[bool]:
     """Runs inside the DHT process: store every record of the msgpack file at ``path`` (then delete it)."""
     from hivemind.utils.serializer import MSGPackSerializer
 
@@ -101,6 +114,10 @@ async def _store_file(path: str, all_replicas: bool, _dht, node) -> list[bool]:
         items = MSGPackSerializer.loads(file.read_bytes())
     finally:
         file.unlink(missing_ok=True)
+    if narrow:
+        from peer.network.near_store import store_near
+
+        return await store_near(node, items, REPLICAS, all_replicas)
     keys = [key for key, _, _, _ in items]
     subkeys = [subkey for _, subkey, _, _ in items]
     found = await node.store_many(
@@ -134,18 +151,29 @@ class Swarm:
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
     def store(
-        self, key: str, subkey: bytes, value: Any, expiration_time: float, what: str, *, all_replicas: bool = True
+        self,
+        key: str,
+        subkey: bytes,
+        value: Any,
+        expiration_time: float,
+        what: str,
+        *,
+        all_replicas: bool = True,
+        narrow: bool = False,
     ) -> bool:
         """Store one record after checking its size against the DHT limit (before hivemind ever sees it).
 
         ``all_replicas=False`` returns at the first replica that took it; the others are written in the background.
         """
-        return self.store_many([(key, subkey, value, expiration_time)], what, all_replicas=all_replicas)[0]
+        return self.store_many(
+            [(key, subkey, value, expiration_time)], what, all_replicas=all_replicas, narrow=narrow
+        )[0]
 
     def store_many(
-        self, items: list[tuple[str, bytes, Any, float]], what: str, *, all_replicas: bool = True
+        self, items: list[tuple[str, bytes, Any, float]], what: str, *, all_replicas: bool = True, narrow: bool = False
     ) -> list[bool]:
-        """Store several ``(key, subkey, value, expiration_time)`` records, each size-checked first, concurrently.
+        """Store several ``(key, subkey, value, expiration_time)`` records, each size-checked first, concurrently;
+        ``narrow``: store on remembered nearest nodes, found with a narrow lookup (module docstring).
 
         The records never travel through the pipe to the DHT process: hivemind reads that pipe non-blocking, and
         a message over 16 KiB is written in two parts, so under load the reader can find half a message and the
@@ -163,13 +191,14 @@ class Swarm:
         tmp.write_bytes(MSGPackSerializer.dumps([list(item) for item in items]))
         tmp.replace(path)
         try:
-            return self.dht.run_coroutine(partial(_store_file, str(path), all_replicas))
+            return self.dht.run_coroutine(partial(_store_file, str(path), all_replicas, narrow))
         finally:
             path.unlink(missing_ok=True)
 
-    def get_dict(self, key: str) -> dict:
-        """The ``{subkey: ValueWithExpiration}`` dictionary under ``key`` (empty if none)."""
-        found = self.dht.get(key, latest=True)
+    def get_dict(self, key: str, *, narrow: bool = False) -> dict:
+        """The ``{subkey: ValueWithExpiration}`` dictionary under ``key`` (empty if none), merged from every node the
+        search asks; ``narrow``: only the key's 2 nearest nodes (module docstring)."""
+        found = self.dht.get(key, latest=True, **(NARROW_READ if narrow else {}))
         if found is None or not isinstance(found.value, dict):
             return {}
         return found.value
@@ -218,6 +247,7 @@ def join(config: NetworkConfig, run_id: str) -> Swarm:
         dht = hivemind.DHT(
             initial_peers=list(config.initial_peers) or None,
             start=True,
+            num_replicas=REPLICAS,
             record_validators=make_validators(run_id, signing_key),
             **kwargs,
         )

@@ -1,10 +1,13 @@
 """A real swarm peer for multi-process tests: joins, publishes groups, heartbeats, and reports what it sees.
 
 Usage: python tests/procs/bucket_peer.py DIR NAME [--initial-peers MADDR ...] [--groups N] [--expect N]
-[--big N] [--liar]. Writes DIR/NAME.addr (its multiaddrs) once joined and DIR/NAME.json once it has seen groups
-from ``--expect`` owners, then waits for DIR/stop and shuts down cleanly. ``--big`` publishes that many groups
-too large for the DHT (they travel as blobs). ``--liar`` runs a DHT *without* the run's validators and stores a
-wrong-schema entry and an entry under another peer's owner subkey, to check that honest peers refuse them.
+[--big N] [--liar] [--wide-every S] [--wait-go]. Writes DIR/NAME.addr (its multiaddrs) once joined and
+DIR/NAME.json once it has seen groups from ``--expect`` owners, then waits for DIR/stop and shuts down cleanly.
+``--big`` publishes that many groups too large for the DHT (they travel as blobs). ``--liar`` runs a DHT
+*without* the run's validators and stores a wrong-schema entry and an entry under another peer's owner subkey, to
+check that honest peers refuse them.
+``--wide-every`` sets how often its bucket reads search wide (``inf``: narrow reads only); ``--wait-go`` publishes
+only once DIR/go exists (the test creates it when every peer has joined).
 """
 
 import argparse
@@ -50,6 +53,8 @@ def main():
     parser.add_argument("--expect", type=int, default=1)
     parser.add_argument("--forge", default=None, help="owner key (hex) whose subkey the liar writes under")
     parser.add_argument("--liar", action="store_true")
+    parser.add_argument("--wide-every", type=float, default=5.0)
+    parser.add_argument("--wait-go", action="store_true")
     args = parser.parse_args()
     out = Path(args.dir)
     if args.liar:
@@ -70,8 +75,10 @@ def main():
             )
         )
         (out / f"{args.name}.addr.tmp").rename(out / f"{args.name}.addr")
-        store = DHTBucketStore(swarm, blobs)
+        store = DHTBucketStore(swarm, blobs, wide_every=args.wide_every)
         pid = str(swarm.peer_id)
+        while args.wait_go and not (out / "go").exists():
+            time.sleep(0.1)
         for seq in range(args.groups):
             store.publish(make_group(pid, seq % 2, seq))
         for seq in range(args.groups, args.groups + args.big):

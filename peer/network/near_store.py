@@ -1,0 +1,120 @@
+"""Stores that skip the lookup when this DHT node already knows a key's nearest nodes (runs in the DHT process).
+
+hivemind's ``store_many`` looks up a key's nearest nodes before every store: one round of requests, then the
+store round. A rollout peer stores into the same bucket key (its adapter version's) many times, so
+:func:`store_near` remembers the nearest nodes a lookup found, for ``REMEMBER`` seconds per key, and stores straight
+to them: one round instead of two. A replica that does not answer forgets the key's nodes (the next store looks
+them up again); a store no replica took falls back to hivemind's own ``store_many``. A node that joins nearer to
+the key while its nodes are remembered does not get the entries stored meanwhile; readers still find them on the
+other nearest nodes, which their narrow search also asks (``peer.network.swarm``, "search width").
+
+Records are signed and the local copy validated exactly as ``DHTNode.store_many`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+REMEMBER = 30.0  # seconds a key's nearest nodes are reused for
+_nearest: dict = {}  # key DHTID -> (when found, {node DHTID: PeerID}) in this DHT process
+_background: set = set()  # replica stores still running after the call returned
+
+
+async def store_near(node, items: list, replicas: int, all_replicas: bool) -> list[bool]:
+    """Store ``(key, subkey, value, expiration)`` items on each key's ``replicas`` nearest nodes; per item, whether
+    a replica took it. ``all_replicas=False`` returns at the first replica that took them all."""
+    from hivemind.dht.routing import DHTID
+
+    by_key: dict = {}
+    for i, (key, *_) in enumerate(items):
+        by_key.setdefault(DHTID.generate(source=key), []).append(i)
+    stored = [False] * len(items)
+    results = await asyncio.gather(
+        *(_store_key(node, key_id, [items[i] for i in idx], replicas, all_replicas) for key_id, idx in by_key.items())
+    )
+    for idx, oks in zip(by_key.values(), results, strict=True):
+        for i, ok in zip(idx, oks, strict=True):
+            stored[i] = ok
+    return stored
+
+
+async def _store_key(node, key_id, items: list, replicas: int, all_replicas: bool) -> list[bool]:
+    nearest = await _nearest_nodes(node, key_id, replicas)
+    subkeys = [subkey for _, subkey, _, _ in items]
+    expirations = [expiration for *_, expiration in items]
+    records = [_signed(node, key_id, subkey, value, expiration) for _, subkey, value, expiration in items]
+    values = [record.value for record in records]
+    stored = [False] * len(items)
+    tasks = []
+    for node_id, peer_id in nearest.items():
+        if node_id == node.node_id:
+            validator = node.protocol.record_validator
+            for i, (subkey, record) in enumerate(zip(subkeys, records, strict=True)):
+                if validator is None or validator.validate(record):
+                    stored[i] |= node.protocol.storage.store(
+                        key_id, record.value, record.expiration_time, subkey=subkey
+                    )
+        else:
+            tasks.append(
+                asyncio.create_task(
+                    node.protocol.call_store(
+                        peer_id,
+                        keys=[key_id] * len(items),
+                        values=values,
+                        expiration_time=expirations,
+                        subkeys=subkeys,
+                    )
+                )
+            )
+    pending = set(tasks)
+    while pending and not (all(stored) and not all_replicas):
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            answer = task.result()
+            if answer is None:  # no answer: look this key's nodes up again next time
+                _nearest.pop(key_id, None)
+                continue
+            stored = [a or bool(b) for a, b in zip(stored, answer, strict=True)]
+    for task in pending:
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+    if any(stored):
+        return stored
+    _nearest.pop(key_id, None)  # nobody took them: let hivemind look the key up and try every candidate
+    found = await node.store_many(
+        [key for key, *_ in items],
+        [value for _, _, value, _ in items],
+        expirations,
+        subkeys=subkeys,
+        await_all_replicas=all_replicas,
+        beam_size=replicas,
+        num_workers=replicas,
+    )
+    return [bool(found.get((key, subkey))) for key, subkey, _, _ in items]
+
+
+async def _nearest_nodes(node, key_id, replicas: int) -> dict:
+    now = time.monotonic()
+    known = _nearest.get(key_id)
+    if known is not None and now - known[0] < REMEMBER:
+        return known[1]
+    found = await node.find_nearest_nodes([key_id], k_nearest=replicas, beam_size=replicas, num_workers=replicas)
+    nearest = found[key_id]  # includes this node when it is one of the nearest
+    if len(nearest) >= replicas:  # a swarm smaller than that is still forming: the next joiner is a nearest node
+        _nearest[key_id] = (now, nearest)
+    for stale in [k for k, (when, _) in _nearest.items() if now - when >= REMEMBER]:
+        del _nearest[stale]
+    return nearest
+
+
+def _signed(node, key_id, subkey, value, expiration):
+    import dataclasses
+
+    from hivemind.dht.crypto import DHTRecord
+
+    serializer = node.protocol.serializer
+    record = DHTRecord(key_id.to_bytes(), serializer.dumps(subkey), serializer.dumps(value), expiration)
+    if node.protocol.record_validator is not None:
+        record = dataclasses.replace(record, value=node.protocol.record_validator.sign_value(record))
+    return record
