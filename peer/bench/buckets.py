@@ -6,15 +6,16 @@ writer and polls the reader until it sees it. Trials go round 32 versions, as a 
 bucket has its own key and so its own nearest nodes (with one key, whether the writer or reader happened to be
 one of them decided a whole run's numbers)::
 
-    python -m peer.bench.buckets --peers 2 8 32 --trials 40 --out buckets.json
+    python -m peer.bench.buckets --peers 2 8 32 --trials 40 --rounds 3 --out buckets.json
 
-Reported per N: p50/p95 of publish→visible, of the publish call, and of one fetch of the bucket, for the narrow
-search the buckets use and for hivemind's default (wide) search, in turns of 10 trials (a wide store's other
-replicas are written in the background and would slow a narrow trial right after it). Readers pass the ids they
-have seen, as learners do. What is measured is
-a swarm that is running, not one starting: after the last peer joins the bench waits ``--settle`` seconds (the
-just-started peers keep ~1.3 of the 2 cores busy for about 3 s, then ~0.1) and runs ``--warmup`` trials it does
-not count (the first requests to each peer open its connections).
+Every size is measured ``--rounds`` times, the sizes taking turns, and the ratio of the largest swarm's p50 to the
+smallest's is taken within each round (the shared machine's speed drifts by 2x over minutes). Reported per N:
+p50/p95 of publish→visible, of the publish call, and of one fetch of the bucket, for the narrow search the buckets
+use and for hivemind's default (wide) search, in turns of 10 trials (a wide store's other replicas are written in
+the background and would slow a narrow trial right after it). Readers pass the ids they have seen, as learners do.
+What is measured is a swarm that is running, not one starting: after the last peer joins the bench waits
+``--settle`` seconds (the just-started peers keep ~1.3 of the 2 cores busy for about 3 s, then ~0.1) and runs
+``--warmup`` trials it does not count (the first requests to each peer open its connections).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -131,21 +133,32 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--peers", type=int, nargs="+", default=[2, 8, 32])
     parser.add_argument("--trials", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3, help="times every size is measured, sizes taking turns")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between the last join and the first trial")
     parser.add_argument("--warmup", type=int, default=5, help="trials run first and not counted")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    rows = [measure(n, args.trials, args.settle, args.warmup) for n in args.peers]
+    rounds = [[measure(n, args.trials, args.settle, args.warmup) for n in args.peers] for _ in range(args.rounds)]
     names = [f"{name}_{k}" for name in ("visible", "publish", "fetch") for k in ("p50", "p95")]
-    print(f"{'peers':>5} {'search':>6} " + " ".join(f"{n + '_ms':>15}" for n in names))
-    for row in rows:
-        for search in ("narrow", "wide"):
-            print(f"{row['peers']:>5} {search:>6} " + " ".join(f"{row[f'{search}_{n}_ms']:>15}" for n in names))
-    result = {"rows": rows}
+    print(f"{'round':>5} {'peers':>5} {'search':>6} " + " ".join(f"{n + '_ms':>15}" for n in names))
+    for r, rows in enumerate(rounds):
+        for row in rows:
+            for search in ("narrow", "wide"):
+                cells = " ".join(f"{row[f'{search}_{n}_ms']:>15}" for n in names)
+                print(f"{r:>5} {row['peers']:>5} {search:>6} {cells}")
+    result = {"rounds": rounds}
+    small, large = args.peers[0], args.peers[-1]
     for search in ("narrow", "wide"):
-        ratio = round(rows[-1][f"{search}_visible_p50_ms"] / rows[0][f"{search}_visible_p50_ms"], 2)
-        result[f"{search}_ratio_p50_largest_vs_smallest"] = ratio
-        print(f"{search}: publish→visible p50 at {rows[-1]['peers']} peers / at {rows[0]['peers']}: {ratio}")
+        # each round's largest swarm against its smallest, measured minutes apart at most (the machine drifts)
+        ratios = [
+            round(rows[-1][f"{search}_visible_p50_ms"] / rows[0][f"{search}_visible_p50_ms"], 2) for rows in rounds
+        ]
+        result[f"{search}_ratios_p50_largest_vs_smallest"] = ratios
+        result[f"{search}_ratio_median"] = statistics.median(ratios)
+        print(
+            f"{search}: publish→visible p50 at {large} peers / at {small}, per round: {ratios}, "
+            f"median {statistics.median(ratios)}"
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
