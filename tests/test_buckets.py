@@ -86,3 +86,41 @@ def test_each_buckets_reads_search_narrowly_except_one_wide_read_every_few_secon
     assert widths(lambda: store.fetch(3, 5)) == [True, True, False], "each version on its own clock"
     assert len({key for key, _ in searches}) == 3
     assert widths(lambda: DHTBucketStore(swarm, narrow=False).fetch(3, 4)) == [False, False]
+
+
+def test_a_reader_with_pushed_copies_reads_its_own_node_and_the_network_only_now_and_then():
+    calls, now = [], [100.0]
+    swarm = SimpleNamespace(
+        run_id="r",
+        local_dict=lambda key: calls.append(("local", key)) or {},
+        get_dict=lambda key, narrow: calls.append(("network", key)) or {},
+    )
+    store = DHTBucketStore(swarm, network_every=1.0, clock=lambda: now[0])
+
+    def reads(version: int) -> list[str]:
+        calls.clear()
+        store.fetch(version, version)
+        return [where for where, _ in calls]
+
+    assert reads(3) == ["local"], "a bucket's first read is the pushed copy alone"
+    now[0] = 100.9
+    assert reads(3) == ["local"]
+    now[0] = 101.0
+    assert reads(3) == ["local", "network"], "then the network once a second"
+    assert reads(3) == ["local"]
+
+
+def test_a_writer_pushes_its_entries_to_the_peers_push_to_names_on_narrow_stores_only():
+    stored = []
+    swarm = SimpleNamespace(
+        run_id="r",
+        public_key=b"ssh-rsa A",
+        peer_id=PID,
+        store_many=lambda items, what, all_replicas, narrow, also: (
+            stored.append((narrow, also)) or [True] * len(items)
+        ),
+    )
+    DHTBucketStore(swarm, push_to=lambda: ("QmLearner",)).publish(group(2, 0))
+    DHTBucketStore(swarm, narrow=False, push_to=lambda: ("QmLearner",)).publish(group(2, 1))
+    DHTBucketStore(swarm).publish(group(2, 2))
+    assert stored == [(True, ("QmLearner",)), (False, ()), (True, ())]

@@ -252,3 +252,61 @@ def test_narrow_stores_look_a_key_up_once_and_again_after_a_replica_stops_answer
         assert store(0, seq) and store(0, seq + 1)
         assert b.dht.run_coroutine(_lookups) == before + 2, "four peers: no full set to remember"
         assert len(a.get_dict(key, narrow=True)) == 3 + (seq + 2 - 4), "seqs 0-2 and 4 on: none lost"
+
+
+@pytest.mark.timeout(120)
+def test_a_pushed_entry_reaches_a_reader_that_is_no_replica_and_a_bad_one_is_refused_by_its_node():
+    """Seven peers: on a bucket key the reader does not replicate, a narrow store leaves nothing in the reader's
+    own node; the same store pushed to it does (its node validates it like a replica's), a wrong-schema one not."""
+    from peer.network.swarm import NetworkConfig, join
+    from peer.protocol import BucketEntry, bucket_key, group_subkey, to_dht_value
+
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(join(NetworkConfig.loopback(), "run"))
+        w, r, *_ = (stack.enter_context(join(NetworkConfig.loopback(a.visible_maddrs()), "run")) for _ in range(6))
+        time.sleep(1.0)
+
+        def store(version: int, seq: int, also=(), value=None) -> bool:
+            entry = value or to_dht_value(BucketEntry.of_groups([_group(str(w.peer_id), version, seq)]))
+            item = (bucket_key("run", version), group_subkey(w.public_key, version, seq), entry, time.time() + 60)
+            return w.store_many([item], "bucket entry", all_replicas=True, narrow=True, also=also)[0]
+
+        for version in range(64):  # a key whose 5 nearest nodes leave the reader out
+            assert store(version, 0)
+            if not r.local_dict(bucket_key("run", version)):
+                break
+        else:
+            pytest.fail("the reader replicated every key")
+        key, to_r = bucket_key("run", version), (str(r.peer_id),)
+        assert len(r.get_dict(key, narrow=True)) == 1, "the replicas have it"
+        assert not store(version, 1, to_r, value={"inline": "not a bucket entry"})
+        assert store(version, 2, to_r)
+        deadline = time.time() + 10
+        while len(r.local_dict(key)) < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        held = r.local_dict(key)
+        assert [group_subkey(w.public_key, version, 2)] == list(held), "the pushed entry and only it"
+        got = BucketEntry.parse_obj(held[group_subkey(w.public_key, version, 2)].value)
+        assert [g.seq for g in got.inline] == [2]
+
+
+def test_learners_others_can_reach_are_named_for_pushes_not_client_mode_ones():
+    from peer.network.heartbeat import Heartbeat, Reachable
+    from peer.network.swarm import NetworkConfig, join
+
+    with contextlib.ExitStack() as stack:
+        full = stack.enter_context(join(NetworkConfig.loopback(), "run"))
+        learner = stack.enter_context(join(NetworkConfig.loopback(full.visible_maddrs()), "run"))
+        client = stack.enter_context(join(NetworkConfig.loopback(full.visible_maddrs(), client_mode=True), "run"))
+        beats = [Heartbeat(s, role, interval=0.5).start() for s, role in ((learner, "learner"), (client, "learner"))]
+        beats.append(Heartbeat(full, "learner", interval=0.5).start())
+        try:
+            reachable = Reachable(full, "learner", every=0.0)
+            deadline = time.time() + 20
+            while reachable() != (str(learner.peer_id),):
+                assert time.time() < deadline, f"named {reachable()}"
+                time.sleep(0.1)
+            assert Reachable(learner, "learner", every=0.0)() == (str(full.peer_id),), "never itself"
+        finally:
+            for beat in beats:
+                beat.stop()

@@ -35,6 +35,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 RUN = "bench-buckets"
 VERSIONS = 32  # trials go round this many versions: each has its own bucket key, so its own nearest nodes
+SEARCHES = ("push", "narrow", "wide")
 BLOCK = 10  # trials in a row with one search; the two searches take turns block by block
 
 
@@ -63,6 +64,7 @@ def _pct(values: list[float], q: float) -> float:
 def measure(n_peers: int, trials: int, settle: float = 5.0, warmup: int = 5) -> dict:
     from peer.network.buckets import DHTBucketStore
     from peer.network.swarm import NetworkConfig, join
+    from peer.roles.learner import NETWORK_EVERY
 
     writer = join(NetworkConfig.loopback(), RUN)
     procs = []
@@ -82,16 +84,20 @@ def measure(n_peers: int, trials: int, settle: float = 5.0, warmup: int = 5) -> 
         try:
             time.sleep(settle)
             stores = {
-                search: (DHTBucketStore(writer, narrow=narrow), DHTBucketStore(reader, narrow=narrow))
-                for search, narrow in (("narrow", True), ("wide", False))
+                "push": (
+                    DHTBucketStore(writer, push_to=lambda: (str(reader.peer_id),)),
+                    DHTBucketStore(reader, network_every=NETWORK_EVERY),
+                ),
+                "narrow": (DHTBucketStore(writer), DHTBucketStore(reader)),
+                "wide": (DHTBucketStore(writer, narrow=False), DHTBucketStore(reader, narrow=False)),
             }
             times = {search: {"visible": [], "publish": [], "fetch": []} for search in stores}
             seqs, seen = itertools.count(), set()
-            for block in range(2 * math.ceil(trials / BLOCK)):
-                search = ("narrow", "wide")[block % 2]
+            for block in range(len(SEARCHES) * math.ceil(trials / BLOCK)):
+                search = SEARCHES[block % len(SEARCHES)]
                 w, r = stores[search]
                 time.sleep(1.0)  # a wide store's other replicas finish in the background; not into the next block
-                for trial in range((warmup if block < 2 else 0) + BLOCK):
+                for trial in range((warmup if block < len(SEARCHES) else 0) + BLOCK):
                     seq = next(seqs)
                     t0 = time.perf_counter()
                     version = seq % VERSIONS
@@ -106,7 +112,7 @@ def measure(n_peers: int, trials: int, settle: float = 5.0, warmup: int = 5) -> 
                             break
                         if t3 - t0 > 30:
                             raise RuntimeError(f"group {seq} not visible after 30 s with {n_peers} peers")
-                    if trial >= (warmup if block < 2 else 0):
+                    if trial >= (warmup if block < len(SEARCHES) else 0):
                         for name, value in (("publish", t1 - t0), ("fetch", t3 - t2), ("visible", t3 - t0)):
                             times[search][name].append(value)
             row = {"peers": n_peers, "trials": trials}
@@ -143,12 +149,12 @@ def main(argv=None) -> None:
     print(f"{'round':>5} {'peers':>5} {'search':>6} " + " ".join(f"{n + '_ms':>15}" for n in names))
     for r, rows in enumerate(rounds):
         for row in rows:
-            for search in ("narrow", "wide"):
+            for search in SEARCHES:
                 cells = " ".join(f"{row[f'{search}_{n}_ms']:>15}" for n in names)
                 print(f"{r:>5} {row['peers']:>5} {search:>6} {cells}")
     result = {"rounds": rounds}
     small, large = args.peers[0], args.peers[-1]
-    for search in ("narrow", "wide"):
+    for search in SEARCHES:
         # each round's largest swarm against its smallest, measured minutes apart at most (the machine drifts)
         ratios = [
             round(rows[-1][f"{search}_visible_p50_ms"] / rows[0][f"{search}_visible_p50_ms"], 2) for rows in rounds

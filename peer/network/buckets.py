@@ -6,8 +6,11 @@ the entry matches its schema. A small group rides inline in the entry; a larger 
 cache and the entry holds a pointer (sha256, size, provider), fetched over a P2P stream when a learner wants it.
 Entries expire by themselves (``expiration`` seconds, sized to the staleness window), so buckets clean up.
 Stores and reads search narrowly (the key's nearest replicas, one round of requests: ``Swarm``'s "search width");
-every ``wide_every`` seconds a read searches as wide as hivemind does by default, so an entry a writer with a stale
-routing table put on nodes a little off the nearest ones is still found.
+every ``wide_every`` seconds a read of a version's bucket searches as wide as hivemind does by default, so an entry a
+writer with a stale routing table put on nodes a little off the nearest ones is still found. Writers may also store
+each entry on the peers ``push_to`` names (rollout peers: the learners, from their heartbeats), and a reader with
+``network_every`` (a learner) then reads its own DHT node's copy every time and the network only that often: an
+entry reaches the learner in one request however large the swarm.
 
 A reader asks for every group in a version range it has not seen yet and gets, per entry, either the group and
 its owner key (the verified signer — the identity bans attach to) or the reason it was refused. Nothing read is
@@ -131,6 +134,8 @@ class DHTBucketStore(BucketStore):
         store_attempts: int = 4,
         narrow: bool = True,
         wide_every: float = 5.0,
+        push_to=None,
+        network_every: float = 0.0,
         clock=time.monotonic,
     ):
         self.swarm = swarm
@@ -140,7 +145,10 @@ class DHTBucketStore(BucketStore):
         self.fetch_timeout = fetch_timeout
         self.narrow = narrow  # False: every store and read searches as wide as hivemind's default
         self.wide_every = wide_every
+        self.push_to = push_to  # callable -> peer ids that get every entry stored too (the learners); narrow only
+        self.network_every = network_every  # > 0: read this node's own copy always, the network this often
         self._clock = clock
+        self._network_at: dict[int, float] = {}  # version -> when its bucket was last read from the network
         self._wide_at: dict[int, float] = {}  # version -> when a read of its bucket last searched wide
 
     def publish(self, group: GroupRecord) -> None:
@@ -153,9 +161,9 @@ class DHTBucketStore(BucketStore):
             keys = list(pending)
             # hivemind's DHT time is wall-clock time; a retry may extend, never shorten, an entry's life
             items = [(k, sk, v, time.time() + self.expiration) for k, sk, v in (pending[i] for i in keys)]
-            for i, ok in zip(
-                keys, self.swarm.store_many(items, "bucket entry", all_replicas=False, narrow=self.narrow), strict=True
-            ):
+            also = tuple(self.push_to()) if self.push_to is not None and self.narrow else ()
+            stored = self.swarm.store_many(items, "bucket entry", all_replicas=False, narrow=self.narrow, also=also)
+            for i, ok in zip(keys, stored, strict=True):
                 if ok:
                     del pending[i]
             if not pending:
@@ -217,16 +225,25 @@ class DHTBucketStore(BucketStore):
         return total
 
     def _entries(self, version: int) -> dict:
-        """The bucket's entries: a narrow search, but a wide one if this version's bucket had none for
-        ``wide_every`` seconds (each version on its own: a reader may read old versions rarely)."""
-        now = self._clock()
+        """The bucket's entries. With ``network_every``, this node's own copy (what writers pushed to it), and the
+        network's only once this version's bucket was not read from it for that long (first reads: the
+        copy). From the network: a narrow search, but a wide one if this version's bucket had none for
+        ``wide_every`` seconds (each version on its own clock: a reader may read old versions rarely)."""
+        key, now = bucket_key(self.swarm.run_id, version), self._clock()
+        local = {}
+        if self.network_every > 0:
+            local = self.swarm.local_dict(key)
+            if now - self._network_at.setdefault(version, now) < self.network_every:
+                return local
+            self._network_at[version] = now
         narrow = self.narrow and now - self._wide_at.setdefault(version, now) < self.wide_every
         if not narrow:
             self._wide_at[version] = now
-            if len(self._wide_at) > 2 * BUCKET_RING:
-                for old in sorted(self._wide_at)[:BUCKET_RING]:
-                    del self._wide_at[old]
-        return self.swarm.get_dict(bucket_key(self.swarm.run_id, version), narrow=narrow)
+        for seen in (self._wide_at, self._network_at):
+            if len(seen) > 2 * BUCKET_RING:
+                for old in sorted(seen)[:BUCKET_RING]:
+                    del seen[old]
+        return {**self.swarm.get_dict(key, narrow=narrow), **local}
 
     def _read(self, owner: bytes, version: int, seq: int, value) -> list[Fetched]:
         count = _count_of(value)

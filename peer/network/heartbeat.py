@@ -122,3 +122,26 @@ def live_peers(swarm, role: str | None = None, include_leaving: bool = False) ->
             continue
         out.append(LivePeer(owner, record))
     return sorted(out, key=lambda p: p.record.peer_id)
+
+
+class Reachable:
+    """The peer ids of live peers of ``role`` that others can reach (not in client mode), this peer excluded,
+    re-read from the heartbeats at most every ``every`` seconds: a callable, e.g. a bucket store's ``push_to``."""
+
+    def __init__(self, swarm, role: str, every: float = 5.0, clock=time.monotonic):
+        self.swarm, self.role, self.every, self._clock = swarm, role, every, clock
+        self._ids: tuple[str, ...] = ()
+        self._read_at = -float("inf")
+
+    def __call__(self) -> tuple[str, ...]:
+        now = self._clock()
+        if now - self._read_at >= self.every:
+            self._read_at = now
+            me = str(self.swarm.peer_id)
+            try:
+                peers = live_peers(self.swarm, self.role)
+            except Exception as e:  # the network boundary: keep the last list, try again later
+                logger.warning("could not read the %s peers: %s", self.role, e)
+            else:
+                self._ids = tuple(p.record.peer_id for p in peers if p.record.reachable and p.record.peer_id != me)
+        return self._ids

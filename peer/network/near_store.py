@@ -21,9 +21,11 @@ _nearest: dict = {}  # key DHTID -> (when found, {node DHTID: PeerID}) in this D
 _background: set = set()  # replica stores still running after the call returned
 
 
-async def store_near(node, items: list, replicas: int, all_replicas: bool) -> list[bool]:
+async def store_near(node, items: list, replicas: int, all_replicas: bool, also: tuple = ()) -> list[bool]:
     """Store ``(key, subkey, value, expiration)`` items on each key's ``replicas`` nearest nodes; per item, whether
-    a replica took it. ``all_replicas=False`` returns at the first replica that took them all."""
+    a replica took it. ``all_replicas=False`` returns at the first replica that took them all. ``also``: peer ids
+    (base58) that get the same signed records too, in the background (their nodes validate them as a replica's
+    does; they do not count as replicas, and one that does not answer changes nothing)."""
     from hivemind.dht.routing import DHTID
 
     by_key: dict = {}
@@ -31,7 +33,10 @@ async def store_near(node, items: list, replicas: int, all_replicas: bool) -> li
         by_key.setdefault(DHTID.generate(source=key), []).append(i)
     stored = [False] * len(items)
     results = await asyncio.gather(
-        *(_store_key(node, key_id, [items[i] for i in idx], replicas, all_replicas) for key_id, idx in by_key.items())
+        *(
+            _store_key(node, key_id, [items[i] for i in idx], replicas, all_replicas, also)
+            for key_id, idx in by_key.items()
+        )
     )
     for idx, oks in zip(by_key.values(), results, strict=True):
         for i, ok in zip(idx, oks, strict=True):
@@ -39,7 +44,9 @@ async def store_near(node, items: list, replicas: int, all_replicas: bool) -> li
     return stored
 
 
-async def _store_key(node, key_id, items: list, replicas: int, all_replicas: bool) -> list[bool]:
+async def _store_key(node, key_id, items: list, replicas: int, all_replicas: bool, also: tuple) -> list[bool]:
+    from hivemind.p2p import PeerID
+
     nearest = await _nearest_nodes(node, key_id, replicas)
     subkeys = [subkey for _, subkey, _, _ in items]
     expirations = [expiration for *_, expiration in items]
@@ -67,6 +74,14 @@ async def _store_key(node, key_id, items: list, replicas: int, all_replicas: boo
                     )
                 )
             )
+    for peer_id in {PeerID.from_base58(p) for p in also} - set(nearest.values()) - {node.peer_id}:
+        _keep(
+            asyncio.create_task(
+                node.protocol.call_store(
+                    peer_id, keys=[key_id] * len(items), values=values, expiration_time=expirations, subkeys=subkeys
+                )
+            )
+        )
     pending = set(tasks)
     while pending and not (all(stored) and not all_replicas):
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -77,8 +92,7 @@ async def _store_key(node, key_id, items: list, replicas: int, all_replicas: boo
                 continue
             stored = [a or bool(b) for a, b in zip(stored, answer, strict=True)]
     for task in pending:
-        _background.add(task)
-        task.add_done_callback(_background.discard)
+        _keep(task)
     if any(stored):
         return stored
     _nearest.pop(key_id, None)  # nobody took them: let hivemind look the key up and try every candidate
@@ -106,6 +120,12 @@ async def _nearest_nodes(node, key_id, replicas: int) -> dict:
     for stale in [k for k, (when, _) in _nearest.items() if now - when >= REMEMBER]:
         del _nearest[stale]
     return nearest
+
+
+def _keep(task) -> None:
+    """Hold a task that outlives the call (the event loop keeps only weak references)."""
+    _background.add(task)
+    task.add_done_callback(_background.discard)
 
 
 def _signed(node, key_id, subkey, value, expiration):

@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ def load_signing_key(identity_path: str | None):
     return key
 
 
-async def _store_file(path: str, all_replicas: bool, narrow: bool, _dht, node) -> list[bool]:
+async def _store_file(path: str, all_replicas: bool, narrow: bool, also: tuple, _dht, node) -> list[bool]:
     """Runs inside the DHT process: store every record of the msgpack file at ``path`` (then delete it)."""
     from hivemind.utils.serializer import MSGPackSerializer
 
@@ -117,7 +118,7 @@ async def _store_file(path: str, all_replicas: bool, narrow: bool, _dht, node) -
     if narrow:
         from peer.network.near_store import store_near
 
-        return await store_near(node, items, REPLICAS, all_replicas)
+        return await store_near(node, items, REPLICAS, all_replicas, also)
     keys = [key for key, _, _, _ in items]
     subkeys = [subkey for _, subkey, _, _ in items]
     found = await node.store_many(
@@ -128,6 +129,26 @@ async def _store_file(path: str, all_replicas: bool, narrow: bool, _dht, node) -
         await_all_replicas=all_replicas,
     )
     return [bool(found.get((key, subkey))) for key, subkey in zip(keys, subkeys, strict=True)]
+
+
+async def _local_dict(key: str, _dht, node) -> dict:
+    """Runs inside the DHT process: the dictionary under ``key`` in this node's storage, signatures stripped and
+    values decoded as ``DHT.get`` returns them."""
+    from hivemind.dht.crypto import DHTRecord
+    from hivemind.dht.routing import DHTID
+    from hivemind.dht.storage import DictionaryDHTValue
+    from hivemind.utils.timed_storage import ValueWithExpiration
+
+    key_id = DHTID.generate(source=key)
+    found = node.protocol.storage.get(key_id)
+    if found is None or not isinstance(found.value, DictionaryDHTValue):
+        return {}
+    serializer, validator, out = node.protocol.serializer, node.protocol.record_validator, {}
+    for subkey, (value, expiration) in found.value.items():
+        if validator is not None:
+            value = validator.strip_value(DHTRecord(key_id.to_bytes(), serializer.dumps(subkey), value, expiration))
+        out[subkey] = ValueWithExpiration(serializer.loads(value), expiration)
+    return out
 
 
 class Swarm:
@@ -170,17 +191,23 @@ class Swarm:
         )[0]
 
     def store_many(
-        self, items: list[tuple[str, bytes, Any, float]], what: str, *, all_replicas: bool = True, narrow: bool = False
+        self,
+        items: list[tuple[str, bytes, Any, float]],
+        what: str,
+        *,
+        all_replicas: bool = True,
+        narrow: bool = False,
+        also: tuple[str, ...] = (),
     ) -> list[bool]:
         """Store several ``(key, subkey, value, expiration_time)`` records, each size-checked first, concurrently;
-        ``narrow``: store on remembered nearest nodes, found with a narrow lookup (module docstring).
+        ``narrow``: store on remembered nearest nodes, found with a narrow lookup (module docstring); with it,
+        ``also`` names peers (base58 ids) that get the records too, in the background (a learner's own copy).
 
         The records never travel through the pipe to the DHT process: hivemind reads that pipe non-blocking, and
         a message over 16 KiB is written in two parts, so under load the reader can find half a message and the
         DHT process dies (``BlockingIOError`` then ``EOFError``). They go through a file in a private folder
         instead, and the pipe carries only a small message naming it (docs/protocol.md).
         """
-        from functools import partial
 
         from hivemind.utils.serializer import MSGPackSerializer
 
@@ -191,7 +218,7 @@ class Swarm:
         tmp.write_bytes(MSGPackSerializer.dumps([list(item) for item in items]))
         tmp.replace(path)
         try:
-            return self.dht.run_coroutine(partial(_store_file, str(path), all_replicas, narrow))
+            return self.dht.run_coroutine(partial(_store_file, str(path), all_replicas, narrow, tuple(also)))
         finally:
             path.unlink(missing_ok=True)
 
@@ -202,6 +229,11 @@ class Swarm:
         if found is None or not isinstance(found.value, dict):
             return {}
         return found.value
+
+    def local_dict(self, key: str) -> dict:
+        """Like :meth:`get_dict`, from this peer's own DHT node only (what it holds as a replica or was sent with
+        ``also``): no request leaves the process pair."""
+        return self.dht.run_coroutine(partial(_local_dict, key))
 
     def shutdown(self) -> None:
         self.dht.shutdown()

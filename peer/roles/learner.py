@@ -61,6 +61,7 @@ from peer.roles.verify import Refused, check_logprobs_many
 logger = get_logger(__name__)
 
 SPOT_CHECK_BATCH = 4  # log-prob checks wait until this many are due (or the update needs them)
+NETWORK_EVERY = 1.0  # s between network reads of a bucket; rollout peers push entries to this node in between
 KEEP_ADAPTERS = 2  # versions beyond the staleness window whose blobs stay in the cache (for slow followers)
 
 
@@ -158,7 +159,7 @@ class LearnerPeer:
         if self._checkpoint_after_start:
             self.checkpoint()
         s.model.eval()
-        self.store = DHTBucketStore(s.swarm, s.blobs)
+        self.store = DHTBucketStore(s.swarm, s.blobs, network_every=NETWORK_EVERY)
         self._closers.add(self.stop_fetcher)
         self.announcer = Announcer(s.swarm, s.blobs)
         self._closers.add(self.announcer.close)

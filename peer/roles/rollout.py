@@ -371,6 +371,7 @@ class RolloutPeer:
 
     def start(self) -> RolloutPeer:
         from peer.network.buckets import DHTBucketStore
+        from peer.network.heartbeat import Reachable
 
         c = self.config
         self.session = session = open_session(c.session_config(), "rollout", self._closers)
@@ -397,7 +398,9 @@ class RolloutPeer:
         self._closers.add(self.follower.stop)
         self._scoring_tokenizer = copy.deepcopy(self.tokenizer)  # a fast tokenizer is not for two threads at once
         self.publisher = _Publisher(
-            DHTBucketStore(self.swarm, self.blobs, expiration=BUCKET_EXPIRATION),
+            DHTBucketStore(
+                self.swarm, self.blobs, expiration=BUCKET_EXPIRATION, push_to=Reachable(self.swarm, "learner")
+            ),
             4,
             self.score,
             linger=c.publish_linger,
