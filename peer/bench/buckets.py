@@ -62,9 +62,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def measure(n_peers: int, trials: int, settle: float = 5.0, warmup: int = 5) -> dict:
-    from peer.network.buckets import DHTBucketStore
+    from peer.network.buckets import NETWORK_EVERY, DHTBucketStore
     from peer.network.swarm import NetworkConfig, join
-    from peer.roles.learner import NETWORK_EVERY
 
     writer = join(NetworkConfig.loopback(), RUN)
     procs = []

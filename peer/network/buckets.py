@@ -50,6 +50,7 @@ from peer.protocol import (
 
 logger = get_logger(__name__)
 
+NETWORK_EVERY = 1.0  # s between a learner's network reads of a bucket; rollout peers push entries to it between
 GroupId = tuple[bytes, int, int]  # (owner public key, version, seq)
 
 

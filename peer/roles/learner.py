@@ -61,7 +61,6 @@ from peer.roles.verify import Refused, check_logprobs_many
 logger = get_logger(__name__)
 
 SPOT_CHECK_BATCH = 4  # log-prob checks wait until this many are due (or the update needs them)
-NETWORK_EVERY = 1.0  # s between network reads of a bucket; rollout peers push entries to this node in between
 KEEP_ADAPTERS = 2  # versions beyond the staleness window whose blobs stay in the cache (for slow followers)
 
 
@@ -137,7 +136,7 @@ class LearnerPeer:
     # --- start-up --------------------------------------------------------------------------------------------------
 
     def start(self) -> LearnerPeer:
-        from peer.network.buckets import DHTBucketStore
+        from peer.network.buckets import NETWORK_EVERY, DHTBucketStore
 
         c = self.config
         self.session = s = open_session(c.session_config(), "learner", self._closers)
