@@ -53,6 +53,14 @@ async def _store_key(node, key_id, items: list, replicas: int, all_replicas: boo
     records = [_signed(node, key_id, subkey, value, expiration) for _, subkey, value, expiration in items]
     values = [record.value for record in records]
     stored = [False] * len(items)
+
+    def send(peer_id):
+        return asyncio.create_task(
+            node.protocol.call_store(
+                peer_id, keys=[key_id] * len(items), values=values, expiration_time=expirations, subkeys=subkeys
+            )
+        )
+
     tasks = []
     for node_id, peer_id in nearest.items():
         if node_id == node.node_id:
@@ -63,25 +71,9 @@ async def _store_key(node, key_id, items: list, replicas: int, all_replicas: boo
                         key_id, record.value, record.expiration_time, subkey=subkey
                     )
         else:
-            tasks.append(
-                asyncio.create_task(
-                    node.protocol.call_store(
-                        peer_id,
-                        keys=[key_id] * len(items),
-                        values=values,
-                        expiration_time=expirations,
-                        subkeys=subkeys,
-                    )
-                )
-            )
+            tasks.append(send(peer_id))
     for peer_id in {PeerID.from_base58(p) for p in also} - set(nearest.values()) - {node.peer_id}:
-        _keep(
-            asyncio.create_task(
-                node.protocol.call_store(
-                    peer_id, keys=[key_id] * len(items), values=values, expiration_time=expirations, subkeys=subkeys
-                )
-            )
-        )
+        _keep(send(peer_id))
     pending = set(tasks)
     while pending and not (all(stored) and not all_replicas):
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)

@@ -180,15 +180,12 @@ class Swarm:
         what: str,
         *,
         all_replicas: bool = True,
-        narrow: bool = False,
     ) -> bool:
         """Store one record after checking its size against the DHT limit (before hivemind ever sees it).
 
         ``all_replicas=False`` returns at the first replica that took it; the others are written in the background.
         """
-        return self.store_many(
-            [(key, subkey, value, expiration_time)], what, all_replicas=all_replicas, narrow=narrow
-        )[0]
+        return self.store_many([(key, subkey, value, expiration_time)], what, all_replicas=all_replicas)[0]
 
     def store_many(
         self,
@@ -208,7 +205,6 @@ class Swarm:
         DHT process dies (``BlockingIOError`` then ``EOFError``). They go through a file in a private folder
         instead, and the pipe carries only a small message naming it (docs/protocol.md).
         """
-
         from hivemind.utils.serializer import MSGPackSerializer
 
         for _, _, value, _ in items:
