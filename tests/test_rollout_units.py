@@ -527,8 +527,6 @@ def test_the_heartbeat_rate_counts_what_the_span_covers():
 
 
 def test_backpressure_pauses_for_a_new_version_but_not_forever():
-    import threading
-    from types import SimpleNamespace
 
     from peer.roles.rollout import RolloutPeer
 
@@ -550,49 +548,6 @@ def test_backpressure_pauses_for_a_new_version_but_not_forever():
     t0 = time.perf_counter()
     peer._wait_for_learners()
     assert time.perf_counter() - t0 < 0.1
-
-
-def _sampled(seq0: int, n: int):
-    return rollout.Sampled(batch=None, examples=[], seqs=range(seq0, seq0 + n), version=1, sha=SHA)
-
-
-def test_the_publisher_scores_on_its_thread_and_gathers_batches_into_entries():
-    store = MemoryBucketStore(OWNER)
-    threads = set()
-
-    def prepare(sampled):
-        threads.add(threading.current_thread().name)
-        return [group(sampled.version, seq) for seq in sampled.seqs]
-
-    publisher = rollout._Publisher(store, 4, prepare, linger=0.3)
-    for seq0 in (0, 3, 6):  # put within the linger: one store of nine groups
-        publisher.put(_sampled(seq0, 3))
-    publisher.flush()
-    assert publisher.published == 9 and publisher.failed == 0 and publisher.prepare_seconds > 0
-    assert threads == {"group-publisher"}
-    assert sorted(seq for (_, _, seq) in store.entries) == list(range(9))
-    publisher.close()
-
-
-def test_a_task_whose_reward_raises_stops_the_sampler_loudly():
-    store = MemoryBucketStore(OWNER)
-
-    def prepare(sampled):
-        if sampled.seqs.start == 2:
-            raise ValueError("reward() of a broken task")
-        return [group(sampled.version, seq) for seq in sampled.seqs]
-
-    publisher = rollout._Publisher(store, 4, prepare)
-    publisher.put(_sampled(0, 2))
-    publisher.put(_sampled(2, 2))
-    publisher.flush()  # returns: the broken batch is counted done, not left pending
-    assert publisher.published == 2 and isinstance(publisher.error, ValueError)
-    with pytest.raises(ValueError, match="broken task"):
-        publisher.put(_sampled(4, 2))
-    with pytest.raises(ValueError, match="broken task"):
-        publisher.check()
-    publisher.close()
-    assert sorted(seq for (_, _, seq) in store.entries) == [0, 1]
 
 
 def test_the_backlog_never_counts_fewer_than_this_peers_own_groups():

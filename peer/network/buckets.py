@@ -78,7 +78,16 @@ class BucketStore(abc.ABC):
 
     def publish_many(self, groups: list[GroupRecord]) -> None:
         """Publish several groups (backends may do it concurrently); raises if any could not be published."""
-        for group in groups:
+        self.store_entries(self.entries_of(groups))
+
+    def entries_of(self, groups: list[GroupRecord]) -> list:
+        """The part of :meth:`publish_many` that needs no network: ``groups`` made into what
+        :meth:`store_entries` stores (plain, picklable values; a rollout peer makes them in another process)."""
+        return list(groups)
+
+    def store_entries(self, entries: list) -> None:
+        """Store what :meth:`entries_of` made; raises if any could not be stored."""
+        for group in entries:
             self.publish(group)
 
     @abc.abstractmethod
@@ -155,9 +164,13 @@ class DHTBucketStore(BucketStore):
     def publish(self, group: GroupRecord) -> None:
         self.publish_many([group])
 
-    def publish_many(self, groups: list[GroupRecord]) -> None:
-        """Store the groups as few entries (runs of consecutive seqs), concurrently; retry what no node took."""
-        pending = {(b[0].version, b[0].seq): self._item(b) for b in split_batches(groups)}
+    def entries_of(self, groups: list[GroupRecord]) -> list[tuple[str, bytes, dict]]:
+        """The groups as few bucket entries (runs of consecutive seqs): ``(key, subkey, value)`` each."""
+        return [self._item(b) for b in split_batches(groups)]
+
+    def store_entries(self, entries: list[tuple[str, bytes, dict]]) -> None:
+        """Store the entries concurrently; retry what no node took."""
+        pending = dict(enumerate(entries))
         for attempt in range(self.store_attempts):
             keys = list(pending)
             # hivemind's DHT time is wall-clock time; a retry may extend, never shorten, an entry's life
@@ -171,7 +184,7 @@ class DHTBucketStore(BucketStore):
                 return
             logger.info("no DHT node took %d bucket entries (attempt %d); retrying", len(pending), attempt + 1)
             time.sleep(0.5 * 2**attempt)
-        first = ", ".join(f"{v}.{s}" for v, s in list(pending)[:3])
+        first = ", ".join(_label(subkey) for _, subkey, _ in list(pending.values())[:3])
         raise UserError(
             f"no DHT node accepted the groups from {first} after {self.store_attempts} attempts; check that this "
             "peer still reaches the swarm (its log shows the DHT's errors)"
@@ -280,6 +293,12 @@ class DHTBucketStore(BucketStore):
                 f"blob holds {first.version}.{first.seq}+{len(batch.groups)}, its entry {version}.{seq}+{entry.count}",
             )
         return [Fetched(owner, version, g.seq, g) for g in batch.groups]
+
+
+def _label(subkey: bytes) -> str:
+    """``version.seq`` of one of this peer's own entries, for messages."""
+    _, version, seq = parse_group_subkey(subkey)
+    return f"{version}.{seq}"
 
 
 def _count_of(value) -> int:

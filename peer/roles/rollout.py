@@ -19,9 +19,7 @@ published, the heartbeat announces ``leaving``, and everything started is shut d
 
 from __future__ import annotations
 
-import copy
 import json
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ from peer.network.swarm import NetworkConfig
 from peer.protocol import Completion, GroupRecord, encode_tokens, key_fingerprint
 from peer.roles.adapters import AdapterFollower
 from peer.roles.closers import Closers
+from peer.roles.publisher import MAX_GATHERED_GROUPS, Publisher, Sampled
 from peer.roles.run import RunSpec, prompt_seed, sampling_seed
 from peer.roles.session import Session, SessionConfig, default_cache_dir, open_session, settle_process
 
@@ -185,101 +184,6 @@ def build_groups(
     return groups
 
 
-@dataclass
-class Sampled:
-    """A sampled batch on its way to the publisher: everything its records need, fixed when it was sampled."""
-
-    batch: Completions
-    examples: list
-    seqs: range
-    version: int
-    sha: str
-
-
-class _Publisher:
-    """Scores sampled batches, builds their records and publishes them, on its own thread; a full queue blocks the
-    sampler (backpressure).
-
-    Scoring and building records take ~3 ms per 16 x 8 batch of the bundled model and the store's Python work some
-    more; done here, they run while the sampler's thread is inside torch kernels (which release the GIL) instead of
-    between two batches. ``prepare(sampled) -> list[GroupRecord]`` does the scoring. An exception from it (a task
-    whose reward raises) is kept in :attr:`error` and stops publishing; the sampler raises it at its next batch.
-    """
-
-    def __init__(self, store, max_queued: int, prepare, linger: float = 0.0):
-        self.store = store
-        self.prepare = prepare
-        self.linger = linger
-        self.queue: queue.Queue = queue.Queue(maxsize=max_queued)
-        self.published = 0
-        self.failed = 0
-        self.prepare_seconds = 0.0
-        self.last_error: str | None = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="group-publisher", daemon=True)
-        self._thread.start()
-
-    def put(self, sampled: Sampled) -> None:
-        self.check()
-        self.queue.put(sampled)
-
-    def check(self) -> None:
-        """Raise what stopped the scoring, if anything did."""
-        if self.error is not None:
-            raise self.error
-
-    def pending(self) -> int:
-        return self.queue.unfinished_tasks
-
-    def flush(self) -> None:
-        """Block until every queued batch has been published (or has failed)."""
-        self.queue.join()
-
-    def close(self, timeout: float = 60.0) -> None:
-        """Publish what is queued, then stop the thread (idempotent)."""
-        if self._thread.is_alive():
-            self.queue.put(None)
-            self._thread.join(timeout)
-
-    def _groups(self, items: list) -> list[GroupRecord]:
-        groups = []
-        for item in items:
-            if item is None or self.error is not None:
-                continue
-            start = time.perf_counter()
-            try:
-                groups += self.prepare(item)
-            except Exception as e:  # a broken task: the sampler stops on it
-                self.error = e
-            self.prepare_seconds += time.perf_counter() - start
-        return groups
-
-    def _run(self) -> None:
-        stop = False
-        while not stop:
-            items = [self.queue.get()]
-            # gather for up to `linger` seconds: fewer, fuller entries cost every DHT node less validation
-            deadline = time.monotonic() + self.linger
-            while items[-1] is not None and sum(len(i.seqs) for i in items) < 64:
-                try:
-                    items.append(self.queue.get(timeout=max(0.0, deadline - time.monotonic())))
-                except queue.Empty:
-                    break
-            stop = items[-1] is None
-            try:
-                groups = self._groups(items)
-                if groups:
-                    self.store.publish_many(groups)
-                    self.published += len(groups)
-            except Exception as e:  # the network boundary: count it, say it, keep going
-                self.failed += len(groups)
-                self.last_error = str(e)
-                logger.warning("could not publish %d group(s): %s", len(groups), e)
-            finally:
-                for _ in items:
-                    self.queue.task_done()
-
-
 class _Backlog:
     """How many groups the bucket of a version holds, counted on a thread (a DHT get) every ``interval`` s once
     the estimate reaches ``near`` (other peers' groups are unknown until then: the bound is approached, not kept
@@ -396,12 +300,14 @@ class RolloutPeer:
             self.swarm, self.blobs, self.version, interval=c.poll_interval, others=self.session.providers
         ).start()
         self._closers.add(self.follower.stop)
-        self._scoring_tokenizer = copy.deepcopy(self.tokenizer)  # a fast tokenizer is not for two threads at once
-        self.publisher = _Publisher(
+        settle_process()  # no collector pauses, short GIL hold-ups for the sampler (docs/rollout.md)
+        self.publisher = Publisher(  # forks: everything the scoring needs is loaded by now, and frozen
             DHTBucketStore(
                 self.swarm, self.blobs, expiration=BUCKET_EXPIRATION, push_to=Reachable(self.swarm, "learner")
             ),
-            4,
+            # batches handed over and not yet stored before the sampler waits: room for a gathered run being
+            # stored, the next ones gathering, and a slow store (p50 20 ms, but up to 0.9 s seen on loopback)
+            max(4, 4 * -(-MAX_GATHERED_GROUPS // self.batch_size)),
             self.score,
             linger=c.publish_linger,
         )
@@ -426,7 +332,6 @@ class RolloutPeer:
             spec.sampling.group_size,
             self.max_inflight,
         )
-        settle_process()  # no collector pauses, short GIL hold-ups for the sampler (docs/rollout.md)
         return self
 
     @property
@@ -521,9 +426,9 @@ class RolloutPeer:
                 return
 
     def score(self, sampled: Sampled) -> list[GroupRecord]:
-        """Rewards and records of a sampled batch (the publisher's thread calls it)."""
+        """Rewards and records of a sampled batch (the publisher's process calls it)."""
         spec, G = self.spec, self.spec.sampling.group_size
-        texts = sampled.batch.texts(self._scoring_tokenizer)
+        texts = sampled.batch.texts(self.tokenizer)
         rewards = [spec.task.reward(t, sampled.examples[i // G]) for i, t in enumerate(texts)]
         owner, producer = self.swarm.public_key, str(self.swarm.peer_id)
         return build_groups(
