@@ -2,11 +2,13 @@
 
 ``hivegrpo host`` runs as a child process; this process holds a real rollout peer
 (``peer.roles.rollout.RolloutPeer``, its DHT in a child process of its own) joined to it on loopback, and a
-third peer that plays the learner. Rounds alternate A B A B ... A, so that each B sits between two A's:
+third peer that plays the learner. Rounds go A S B A S B ... A S, so that each B sits between two A's and two S's:
 
 * **A, bare**: ``model.generate(do_sample=True, temperature=1, top_k=0, top_p=1, output_scores=True)`` on the
   rollout peer's own model object (nf4 base + LoRA), the same prompts x G rows per batch, the same
   ``max_new_tokens``, with per-token log-probs from ``compute_transition_scores`` (the rollout records them too).
+* **S, bare sampler**: the rollout peer's own decode loop (``sample_groups``) on the same batches with nothing
+  else running: B against S is what the machinery costs, whatever the decode loop gains or loses on generate().
 * **B, rollout**: ``RolloutPeer.run(max_seconds=...)`` — prompt derivation, sampling, scoring, building the
   records, publishing them to the DHT, the heartbeat, the adapter follower and the backlog counter all running,
   while a stand-in learner on the third peer announces a new adapter version every ``--version-interval``
@@ -64,6 +66,32 @@ def bare_round(peer, prompts: list[str], seconds: float) -> tuple[int, float]:
             logprobs = peer.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
         assert logprobs.shape[0] == len(repeated)
         rows += len(repeated)
+    return rows, time.perf_counter() - start
+
+
+def sampler_round(peer, prompts: list[str], seconds: float) -> tuple[int, float]:
+    """Rows made by back-to-back calls of the rollout peer's own sampler (``sample_groups``, the decode loop
+    ``RolloutPeer.run`` uses) with nothing else: the machinery's cost alone, whatever generate() costs."""
+    import torch
+
+    from peer.model.sampling import sample_groups
+
+    s = peer.spec.sampling
+    generator = torch.Generator(device=peer.device)
+    rows, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        generator.manual_seed(rows)
+        batch = sample_groups(
+            peer.model,
+            peer.tokenizer,
+            prompts,
+            group_size=s.group_size,
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            device=peer.device,
+            generator=generator,
+        )
+        rows += batch.completion_ids.shape[0]
     return rows, time.perf_counter() - start
 
 
@@ -193,19 +221,20 @@ def main() -> None:
             announcer = join(NetworkConfig.loopback(info["initial_peers"]), run_id)
             blobs = BlobService(announcer.dht, BlobCache(Path(tmp) / "learner"))
             prompts = [peer.spec.task.example(0, i).prompt for i in range(args.batch_size)]
-            total = 2 * args.rounds * args.seconds + 10
+            total = (3 * args.rounds + 2) * args.seconds + 10
             v0 = adapter_to_bytes(peer.model)
             learner = StandInLearner(announcer, blobs, v0, args.version_interval, int(total / args.version_interval))
             learner.start()
-            bare_round(peer, prompts, 1.0)  # warm-up of both paths, not counted
+            bare_round(peer, prompts, 1.0)  # warm-up of every path, not counted
+            sampler_round(peer, prompts, 1.0)
             rollout_round(peer, 1.0)
             rounds = []
-            for i in range(args.rounds):
-                rows, secs = bare_round(peer, prompts, args.seconds)
-                rounds.append({"kind": "bare", "round": i, "completions": rows, "seconds": round(secs, 3)})
-                rounds.append({"kind": "rollout", "round": i, **rollout_round(peer, args.seconds)})
-            rows, secs = bare_round(peer, prompts, args.seconds)  # each rollout round sits between two bare ones
-            rounds.append({"kind": "bare", "round": args.rounds, "completions": rows, "seconds": round(secs, 3)})
+            for i in range(args.rounds + 1):  # each rollout round sits between two rounds of each bare kind
+                for kind, measure in (("bare", bare_round), ("sampler", sampler_round)):
+                    rows, secs = measure(peer, prompts, args.seconds)
+                    rounds.append({"kind": kind, "round": i, "completions": rows, "seconds": round(secs, 3)})
+                if i < args.rounds:
+                    rounds.append({"kind": "rollout", "round": i, **rollout_round(peer, args.seconds)})
             learner.stop()
             time.sleep(2.0)  # the last stores were acknowledged by the first replica; let the rest land
             window = (max(0, peer.version - 40), peer.version)  # well inside the ring of readable versions
@@ -231,21 +260,27 @@ def main() -> None:
         if r["kind"] == "rollout":
             r["per_second_steady"] = round(r["completions"] / (r["seconds"] - r["drain_seconds"]), 1)
     bare = [r["per_second"] for r in rounds if r["kind"] == "bare"]
+    sampler = [r["per_second"] for r in rounds if r["kind"] == "sampler"]
     roll = [r["per_second"] for r in rounds if r["kind"] == "rollout"]
     steady = [r["per_second_steady"] for r in rounds if r["kind"] == "rollout"]
     # against the mean of the bare rounds just before and just after: a machine whose speed drifts during the run
     # (a shared one does) biases neither kind
     around = [(bare[i] + bare[i + 1]) / 2 for i in range(len(roll))]
+    around_sampler = [(sampler[i] + sampler[i + 1]) / 2 for i in range(len(roll))]
     ratios = [b / a for a, b in zip(around, roll, strict=True)]
     steady_ratios = [b / a for a, b in zip(around, steady, strict=True)]
+    sampler_ratios = [b / a for a, b in zip(around_sampler, roll, strict=True)]
     result = {
         "rounds": rounds,
         "bare_median": statistics.median(bare),
+        "sampler_median": statistics.median(sampler),
         "rollout_median": statistics.median(roll),
         "ratio_median": round(statistics.median(ratios), 3),
         "ratios": [round(x, 3) for x in ratios],
         "steady_ratio_median": round(statistics.median(steady_ratios), 3),
         "steady_ratios": [round(x, 3) for x in steady_ratios],
+        "sampler_ratio_median": round(statistics.median(sampler_ratios), 3),
+        "sampler_ratios": [round(x, 3) for x in sampler_ratios],
         "groups_published": published,
         "groups_in_buckets": in_buckets,
         "groups_published_in_window": in_window,
@@ -267,19 +302,22 @@ def main() -> None:
         result[f"rollout_{k}_fraction"] = [round(x, 3) for x in values]
     print(
         f"{'round':>5}  {'bare generate() /s*':>19}  {'rollout peer /s':>16}  {'ratio':>6}  {'w/o drain':>9}  "
-        f"{'decoding':>8}  {'+ hand-over':>11}  {'drain':>6}  {'scoring (other thread)':>22}"
+        f"{'bare sampler /s*':>16}  {'ratio':>6}  {'decoding':>8}  {'+ hand-over':>11}  {'drain':>6}  "
+        f"{'scoring (child)':>15}"
     )
     for i, (a, b) in enumerate(zip(around, roll, strict=True)):
         print(
-            f"{i:>5}  {a:>19.1f}  {b:>16.1f}  {b / a:>6.3f}  {steady[i] / a:>9.3f}  {share['decode'][i]:>8.1%}  "
-            f"{share['sampling'][i]:>11.1%}  {share['drain'][i]:>6.1%}  {share['scoring'][i]:>22.1%}"
+            f"{i:>5}  {a:>19.1f}  {b:>16.1f}  {b / a:>6.3f}  {steady[i] / a:>9.3f}  {around_sampler[i]:>16.1f}  "
+            f"{sampler_ratios[i]:>6.3f}  {share['decode'][i]:>8.1%}  {share['sampling'][i]:>11.1%}  "
+            f"{share['drain'][i]:>6.1%}  {share['scoring'][i]:>15.1%}"
         )
     print(
         f"median ratio {result['ratio_median']:.3f}, without the end-of-round drain "
-        f"{result['steady_ratio_median']:.3f} (target >= 0.9); {published} groups published, "
+        f"{result['steady_ratio_median']:.3f} (target >= 0.9); against the bare sampler "
+        f"{result['sampler_ratio_median']:.3f}; {published} groups published, "
         f"{in_buckets} of the {in_window} of v{window[0]}-v{window[1]} read back from the buckets; "
         f"{swaps} adapter swaps (median {swap_ms:.1f} ms); "
-        f"batch {args.batch_size} x 8, {args.threads} thread(s); * mean of the bare rounds before and after"
+        f"batch {args.batch_size} x 8, {args.threads} thread(s); * mean of the rounds of that kind before and after"
     )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
