@@ -130,7 +130,9 @@ def start_host(tmp: Path, run_id: str) -> subprocess.Popen:
 
 class StandInLearner:
     """Announces a new adapter version every ``interval`` seconds from its own peer, as a learner would; keeps
-    each version's bucket the size it has in a real run (otherwise one bucket would grow without bound)."""
+    each version's bucket the size it has in a real run (otherwise one bucket would grow without bound). It
+    heartbeats as a learner, so the rollout peer reads the learners' heartbeats for its pushes as in a run (with
+    three peers every node replicates every key, so no entry goes anywhere but to the replicas)."""
 
     def __init__(self, swarm, blobs, v0: bytes, interval: float, versions: int):
         import threading
@@ -143,6 +145,9 @@ class StandInLearner:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> StandInLearner:
+        from peer.network.heartbeat import Heartbeat
+
+        self.heartbeat = Heartbeat(self.swarm, "learner").start()
         self._thread.start()
         return self
 
@@ -158,6 +163,7 @@ class StandInLearner:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        self.heartbeat.stop()
 
 
 def rollout_round(peer, seconds: float) -> dict:

@@ -10,8 +10,9 @@ announced adapter. Then, batch after batch, never waiting for a learner:
    what the learners consume per version), wait — those would only be consumed later, staler, or dropped;
 3. take the next ``batch_size`` sequence numbers; the prompts are ``task.example(prompt_seed(run_seed, key), seq)``
    so learners can regenerate them; sample G completions each with their behaviour log-probs;
-4. hand the batch to a publisher thread, which scores it, builds the records and stores them (sampling goes on
-   meanwhile), and report throughput in the heartbeat.
+4. hand the batch to the publisher (:mod:`peer.roles.publisher`: a child process scores it and builds the
+   records and entries, a thread here stores them; sampling goes on meanwhile), and report throughput in the
+   heartbeat.
 
 SIGINT/SIGTERM (:meth:`RolloutPeer.request_stop`) ends the loop after the current batch; the queued groups are
 published, the heartbeat announces ``leaving``, and everything started is shut down.
