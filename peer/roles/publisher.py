@@ -105,9 +105,6 @@ class Publisher:
         if self.error is not None:
             raise self.error
 
-    def pending(self) -> int:
-        return self._pending
-
     def flush(self) -> None:
         """Block until every batch handed over has been stored (or has failed); the child stops gathering."""
         if self._thread.is_alive():
