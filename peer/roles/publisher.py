@@ -118,7 +118,7 @@ class Publisher:
         self._closing = True
         if self._thread.is_alive():
             with contextlib.suppress(OSError, ValueError), self._send_lock:
-                self._conn.send_bytes(pickle.dumps(None))
+                _put(self._conn, None)
             self._thread.join(timeout)
         self._process.join(timeout if self._process.exitcode is None else 0)
         if self._process.exitcode is None:
@@ -130,7 +130,7 @@ class Publisher:
     def _send(self, message) -> None:
         try:
             with self._send_lock:
-                self._conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+                _put(self._conn, message)
         except (OSError, ValueError):  # the child is gone: _receive says why
             self._thread.join(5.0)
             self.check()
@@ -140,7 +140,7 @@ class Publisher:
         """Store what the child prepared, as it comes; when the child ends, give up on what it still held."""
         while True:
             try:
-                message = pickle.loads(self._conn.recv_bytes())
+                message = _get(self._conn)
             except (EOFError, OSError):
                 break
             if message is None:  # the child's answer to close(): everything was answered before it
@@ -174,6 +174,16 @@ class Publisher:
             self._done.notify_all()
 
 
+def _put(conn, message) -> None:
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _get(conn):
+    """The next message from the other end. Unpickling is safe here: the connection is a socketpair made before the
+    fork, so its only two ends are this peer and its own publisher child; nothing from the network reaches it."""
+    return pickle.loads(conn.recv_bytes())
+
+
 def _child(conn, parent_end, prepare, make_entries, linger: float) -> None:
     """The child's loop: gather batches for up to ``linger`` s, score them, make their entries, send them back."""
     parent_end.close()  # only the parent holds it now: its exit ends our recv with EOFError
@@ -184,7 +194,7 @@ def _child(conn, parent_end, prepare, make_entries, linger: float) -> None:
     broken = False  # once a batch's scoring raised, nothing more is scored
     try:
         while True:
-            message = pickle.loads(conn.recv_bytes())
+            message = _get(conn)
             if message is None:
                 break
             batches = [] if isinstance(message, str) else [message]
@@ -192,7 +202,7 @@ def _child(conn, parent_end, prepare, make_entries, linger: float) -> None:
             while batches and sum(len(b.seqs) for b in batches) < MAX_GATHERED_GROUPS:
                 if not conn.poll(max(0.0, deadline - time.monotonic())):
                     break
-                message = pickle.loads(conn.recv_bytes())
+                message = _get(conn)
                 if message is None or isinstance(message, str):  # close or flush: no more gathering
                     stop = message is None
                     break
@@ -200,10 +210,10 @@ def _child(conn, parent_end, prepare, make_entries, linger: float) -> None:
             if batches:
                 answer = _prepare(batches, None if broken else prepare, make_entries)
                 broken = broken or answer[4] is not None
-                conn.send_bytes(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
+                _put(conn, answer)
             if stop:
                 break
-        conn.send_bytes(pickle.dumps(None))
+        _put(conn, None)
     except (EOFError, OSError):
         return  # the parent is gone
 
@@ -228,7 +238,8 @@ def _prepare(batches: list, prepare, make_entries) -> tuple:
 
 
 def _portable(error: Exception) -> Exception:
-    """The exception itself if it survives pickling, else a RuntimeError saying what it was."""
+    """The exception itself if it survives pickling (tried on its own bytes), else a RuntimeError saying what it
+    was."""
     try:
         pickle.loads(pickle.dumps(error))
         return error
