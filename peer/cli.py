@@ -59,6 +59,27 @@ def _task_options(f):
     return f
 
 
+def _allowed_tasks(ctx, param, modules) -> tuple[str, ...]:
+    for module in modules:
+        if not module or ":" in module or module.strip() != module:
+            raise click.BadParameter(
+                f"give the module only, e.g. 'mypkg.tasks' for the task 'mypkg.tasks:MyTask', got {module!r}"
+            )
+    return tuple(modules)
+
+
+def _allow_task_option(f):
+    return click.option(
+        "--allow-task",
+        "allow_task",
+        multiple=True,
+        metavar="MODULE",
+        callback=_allowed_tasks,
+        help="Let the run's manifest name a plug-in task from this module ('module' of 'module:attribute'; "
+        "repeat for several). Importing a module runs its code: allow only a host you trust.",
+    )(f)
+
+
 def _network_options(f):
     f = click.option(
         "--invite",
@@ -235,6 +256,7 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
 @_network_options
 @click.option("--run-id", required=True, help="The run to join, as the host printed it.")
 @click.option("--coordinator", default=None, help="Fingerprint of the host's key, as the host printed it.")
+@_allow_task_option
 @click.option(
     "--quantization",
     type=click.Choice(["nf4", "int8", "none"]),
@@ -266,6 +288,7 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
 def join_cmd(
     run_id,
     coordinator,
+    allow_task,
     quantization,
     device,
     batch_size,
@@ -293,6 +316,7 @@ def join_cmd(
         run_id=run_id,
         network=_network_config(**network),
         coordinator=coordinator,
+        allowed_tasks=allow_task,
         quantization=quantization,
         device=device,
         batch_size=None if batch_size == "auto" else int(batch_size),
@@ -317,6 +341,7 @@ def join_cmd(
 @_network_options
 @click.option("--run-id", required=True, help="The run to learn for, as the host printed it.")
 @click.option("--coordinator", default=None, help="Fingerprint of the host's key, as the host printed it.")
+@_allow_task_option
 @click.option(
     "--quantization",
     type=click.Choice(["nf4", "int8", "none"]),
@@ -362,6 +387,7 @@ def join_cmd(
 def learn_cmd(
     run_id,
     coordinator,
+    allow_task,
     quantization,
     device,
     checkpoint_dir,
@@ -388,6 +414,7 @@ def learn_cmd(
         run_id=run_id,
         network=_network_config(**network),
         coordinator=coordinator,
+        allowed_tasks=allow_task,
         quantization=quantization,
         device=device,
         cache_dir=Path(cache_dir).expanduser(),

@@ -63,3 +63,23 @@ def test_demo_refuses_a_bad_flag_before_starting_anything():
     out = hivegrpo("demo", "--target", "1.5", check=False)
     assert out.returncode == 2 and "--target" in out.stderr and "1.5" in out.stderr
     assert "--rollout-peers" in hivegrpo("demo", "--help").stdout
+
+
+def test_allow_task_reaches_the_rollout_and_learner_sessions(monkeypatch):
+    from click.testing import CliRunner
+
+    from peer.cli import main
+    from peer.roles import learner, rollout
+
+    seen = []
+    monkeypatch.setattr(rollout, "run_rollout", lambda config, on_ready: seen.append(config) or {})
+    monkeypatch.setattr(learner, "run_learner", lambda config, on_ready: seen.append(config) or {})
+    allow = ["--allow-task", "mypkg.tasks", "--allow-task", "other"]
+    for command in ("join", "learn"):
+        out = CliRunner().invoke(main, [command, "--run-id", "r", *allow, "--json"])
+        assert out.exit_code == 0, out.output
+        assert seen[-1].session_config().allowed_tasks == ("mypkg.tasks", "other")
+        out = CliRunner().invoke(main, [command, "--run-id", "r", "--json"])
+        assert out.exit_code == 0 and seen[-1].session_config().allowed_tasks == (), "nothing allowed by default"
+        out = CliRunner().invoke(main, [command, "--run-id", "r", "--allow-task", "mypkg.tasks:MyTask"])
+        assert out.exit_code == 2 and "give the module only" in out.output

@@ -4,6 +4,7 @@ sequence counter, the manifest and run spec, getting the base model files, and c
 import hashlib
 import json
 import shutil
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -333,6 +334,30 @@ def test_run_spec_refuses_an_unknown_task():
     bad = ManifestRecord(**{**m.dict(), "task": TaskSpec(name="no-such-task", config_json="{}")})
     with pytest.raises(ManifestError, match="cannot build"):
         run_spec(bad, OWNER)
+
+
+def test_run_spec_imports_a_plugin_task_only_from_a_module_the_user_allowed(tmp_path, monkeypatch):
+    name = f"hivegrpo_test_manifest_plugin_{tmp_path.name.replace('-', '_')}"
+    marker = tmp_path / "imported.txt"
+    source = "from peer.tasks.addition import AdditionTask\nopen({!r}, 'a').write('imported')\nmake = AdditionTask\n"
+    (tmp_path / f"{name}.py").write_text(source.format(str(marker)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    m = manifest()
+    named = ManifestRecord(**{**m.dict(), "task": TaskSpec(name=f"{name}:make", config_json="{}")})
+    for allowed in (frozenset(), frozenset({"os", f"{name}.tasks"})):
+        with pytest.raises(ManifestError, match=f"module '{name}' this peer has not allowed") as info:
+            run_spec(named, OWNER, allowed_modules=allowed)
+        assert f"--allow-task {name}" in str(info.value) and "never runs code" in str(info.value)
+    assert not marker.exists() and name not in sys.modules, "a manifest made this peer import a module"
+    system = ManifestRecord(**{**m.dict(), "task": TaskSpec(name="os:system", config_json='{"command": "true"}')})
+    with pytest.raises(ManifestError, match="'os:system', whose module 'os'"):
+        run_spec(system, OWNER)
+    spec = run_spec(named, OWNER, allowed_modules=frozenset({name}))
+    assert marker.read_text() == "imported" and spec.task.name == f"{name}:make"
+    assert spec.example(OWNER, 3) == run_spec(m, OWNER).example(OWNER, 3), "the plug-in is addition"
+    with_plugin = build_manifest(RunSettings(run_id="r", task=f"{name}:make"), bundled_path(), "0" * 64, PEER_ID)
+    assert with_plugin.task.name == f"{name}:make", "the host allows the plug-in it was told to run"
+    sys.modules.pop(name)
 
 
 @pytest.mark.parametrize(

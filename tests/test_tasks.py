@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.tasks import Example, Task, TaskError, builtin_task_names, derive_seed, get_task
+from peer.tasks import Example, PluginNotAllowed, Task, TaskError, builtin_task_names, derive_seed, get_task
 from peer.tasks.addition import MAX_SAMPLED_HELDOUT
 from peer.tasks.gym import CHUNK_SIZE
 
@@ -378,3 +378,38 @@ def test_plugin_errors_are_clear(plugin_module):
     for name, config, match in cases:
         with pytest.raises(TaskError, match=match):
             get_task(name, config)
+
+
+# --- plug-ins named by someone else (a run's manifest) ---------------------------------------------------------------
+
+
+@pytest.fixture
+def tripwire_module(tmp_path, monkeypatch):
+    """A module on sys.path that writes a file when imported; yields (its name, that file)."""
+    name = f"hivegrpo_test_tripwire_{tmp_path.name.replace('-', '_')}"
+    marker = tmp_path / "imported.txt"
+    (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('imported\\n')\nTHING = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name, marker
+    sys.modules.pop(name, None)
+
+
+def test_a_plugin_whose_module_is_not_allowed_is_refused_before_any_import(tripwire_module):
+    name, marker = tripwire_module
+    for allowed in (frozenset(), {"os"}, {f"{name}.sub"}, {name[:-1]}, [name.upper()]):
+        with pytest.raises(PluginNotAllowed, match=f"needs module '{name}'") as info:
+            get_task(f"{name}:THING", allowed_modules=allowed)
+        assert info.value.module == name and isinstance(info.value, TaskError)
+    assert not marker.exists() and name not in sys.modules, "the refused module was imported"
+    with pytest.raises(TypeError, match="not one string"):
+        get_task(f"{name}:THING", allowed_modules=name)  # 'in' on a str would match substrings
+    with pytest.raises(TaskError, match="not a Task instance"):
+        get_task(f"{name}:THING", allowed_modules={name})  # allowed: imported (and refused for what it holds)
+    assert marker.read_text() == "imported\n"
+
+
+def test_builtin_and_reasoning_gym_tasks_need_no_allowance(plugin_module):
+    assert get_task("addition", {"digits": 2}, allowed_modules=frozenset()) == get_task("addition", {"digits": 2})
+    assert get_task("chain_sum", allowed_modules=frozenset()).name == "chain_sum"
+    allowed = get_task(f"{plugin_module}:EchoTask", {"word": "yo"}, allowed_modules={plugin_module})
+    assert allowed == get_task(f"{plugin_module}:EchoTask", {"word": "yo"})

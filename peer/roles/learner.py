@@ -73,6 +73,7 @@ class LearnerConfig:
     device: str = "auto"
     cache_dir: Path = field(default_factory=default_cache_dir)
     heartbeat_interval: float = 10.0
+    allowed_tasks: tuple[str, ...] = ()  # plug-in task modules the manifest may name (--allow-task)
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 10  # versions
     max_versions: int | None = None  # stop after making this many versions
@@ -104,6 +105,7 @@ class LearnerConfig:
             self.device,
             self.cache_dir,
             self.heartbeat_interval,
+            self.allowed_tasks,
         )
 
 

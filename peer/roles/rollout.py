@@ -58,6 +58,7 @@ class RolloutConfig:
     max_inflight: int | None = None  # groups at the newest version before waiting; None: 2 x groups_per_version
     cache_dir: Path = field(default_factory=default_cache_dir)
     heartbeat_interval: float = 10.0
+    allowed_tasks: tuple[str, ...] = ()  # plug-in task modules the manifest may name (--allow-task)
     poll_interval: float = 0.5
     publish_linger: float = 0.25  # seconds the publisher gathers groups into one store (fewer, fuller entries)
     ledger: Path | None = None  # JSON lines: one per batch and one per adapter swap
@@ -84,6 +85,7 @@ class RolloutConfig:
             self.device,
             self.cache_dir,
             self.heartbeat_interval,
+            self.allowed_tasks,
         )
 
 

@@ -6,6 +6,10 @@ passed one with ``--coordinator``) and :func:`run_spec` turns it into a :class:`
 configs, the LoRA shape, the learners' batch. Nothing in it is trusted to be sane before this module checked it:
 an unknown task or a bad config ends in a :class:`ManifestError` that says so.
 
+A manifest never runs code by itself: its task is built from the built-in tasks and reasoning-gym datasets, or
+from a plug-in (``module:attribute``) only when this peer's user allowed that module (``--allow-task``,
+``allowed_modules``) — importing a module runs it, and anyone on a public swarm can publish a manifest.
+
 Prompts are never chosen by a peer. Group ``seq`` of the peer whose signing key is ``owner`` samples the example
 ``task.example(prompt_seed(run_seed, owner), seq)``: a learner regenerates the prompt and its reference answer from
 the group's subkey alone, so a peer cannot pick easy prompts or answer a question it was not given.
@@ -31,7 +35,7 @@ from peer.protocol import (
     manifest_key,
     parse_owner_subkey,
 )
-from peer.tasks import Task, TaskError, derive_seed, get_task
+from peer.tasks import PluginNotAllowed, Task, TaskError, derive_seed, get_task
 
 DEFAULT_GROUPS_PER_VERSION = 16
 
@@ -92,10 +96,22 @@ def grpo_json(
     return json.dumps(data, sort_keys=True)
 
 
-def run_spec(manifest: ManifestRecord, coordinator_key: bytes) -> RunSpec:
-    """Parse the manifest's task and configs; :class:`ManifestError` naming the bad part."""
+def run_spec(
+    manifest: ManifestRecord, coordinator_key: bytes, *, allowed_modules: frozenset[str] = frozenset()
+) -> RunSpec:
+    """Parse the manifest's task and configs; :class:`ManifestError` naming the bad part.
+
+    :param allowed_modules: the plug-in task modules this peer's user allowed (``--allow-task``); a manifest naming
+      any other plug-in is refused before its module is imported.
+    """
     try:
-        task = get_task(manifest.task.name, manifest.task.config())
+        task = get_task(manifest.task.name, manifest.task.config(), allowed_modules=allowed_modules)
+    except PluginNotAllowed as e:
+        raise ManifestError(
+            f"the run manifest names the plug-in task {e.ref!r}, whose module {e.module!r} this peer has not "
+            "allowed: a manifest never runs code by itself; if you trust the host and have that module installed, "
+            f"pass --allow-task {e.module}"
+        ) from e
     except TaskError as e:
         raise ManifestError(
             f"the run manifest names a task this peer cannot build ({e}) — install the package that provides it "

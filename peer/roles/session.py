@@ -47,6 +47,7 @@ class SessionConfig:
     device: str = "auto"
     cache_dir: Path = field(default_factory=default_cache_dir)
     heartbeat_interval: float = 10.0
+    allowed_tasks: tuple[str, ...] = ()  # plug-in task modules a manifest may name (--allow-task); none by default
 
 
 @dataclass
@@ -147,7 +148,7 @@ def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
         closers.add(watcher.stop)
 
     manifest, coordinator_key = read_manifest(swarm, c.coordinator)
-    spec = run_spec(manifest, coordinator_key)
+    spec = run_spec(manifest, coordinator_key, allowed_modules=frozenset(c.allowed_tasks))
     logger.info(
         "run %s: %s on %s (%s), G=%d, coordinator %s",
         spec.run_id,

@@ -7,8 +7,8 @@ Nothing here imports torch, and reasoning-gym is imported only when one of its d
 """
 
 from peer.tasks.base import Example, Task
-from peer.tasks.errors import TaskError
+from peer.tasks.errors import PluginNotAllowed, TaskError
 from peer.tasks.registry import builtin_task_names, get_task
 from peer.tasks.seeds import derive_seed
 
-__all__ = ["Example", "Task", "TaskError", "builtin_task_names", "derive_seed", "get_task"]
+__all__ = ["Example", "PluginNotAllowed", "Task", "TaskError", "builtin_task_names", "derive_seed", "get_task"]

@@ -9,6 +9,10 @@
 The result is wrapped in :class:`PluginTask`, whose ``name`` is the ``module:attribute`` reference and whose
 ``config`` is the config it was built with, so ``spec()`` rebuilds it through ``get_task`` on any peer that can
 import the same module. Everything else (examples, reward, held-out set) is the plug-in's own.
+
+Importing a module runs its code, so a task name that came from the network (a run's manifest) is resolved with
+``allowed_modules``: :func:`~peer.tasks.get_task` refuses a module the local user did not allow before anything
+here imports it.
 """
 
 from __future__ import annotations
@@ -21,10 +25,17 @@ from peer.tasks.base import Example, Task
 from peer.tasks.errors import TaskError
 
 
-def _load_attribute(ref: str) -> Any:
+def plugin_module(ref: str) -> str:
+    """The module a plug-in reference ``module:attribute`` imports; :class:`TaskError` if it is not one."""
     module_name, _, attribute = ref.partition(":")
     if not module_name or not attribute or ":" in attribute:
         raise TaskError(f"Plug-in task {ref!r} must be written as 'module:attribute', e.g. 'mypkg.tasks:MyTask'.")
+    return module_name
+
+
+def _load_attribute(ref: str) -> Any:
+    module_name = plugin_module(ref)
+    attribute = ref.partition(":")[2]
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # an ImportError, or whatever the plug-in's own import raised
