@@ -267,10 +267,10 @@ class Host:
         return f"hivegrpo {role} {peers} --run-id {info['run_id']} --coordinator {info['coordinator']}{invite}"
 
     def write_info(self, path: Path | str) -> None:
-        path = Path(path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.info(), indent=2))
-        tmp.replace(path)
+        """The join details as JSON, in a file only this user can read: it holds the invite (a credential)."""
+        from peer.files import write_private
+
+        write_private(path, json.dumps(self.info(), indent=2))
 
     def wait(self) -> None:
         """Serve until :meth:`request_stop`."""

@@ -9,12 +9,12 @@ where every peer refuses those invites from then on (:mod:`peer.network.access`)
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
 
 from peer.errors import UserError
+from peer.files import write_private
 from peer.network.access import MAX_REVOKED, Invite, InviteError, issue_invite, issuer_key
 from peer.network.swarm import load_signing_key
 
@@ -63,10 +63,7 @@ class InviteBook:
         return data
 
     def _save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
-        os.chmod(tmp, 0o600)
-        tmp.replace(self.path)
+        write_private(self.path, json.dumps(self.data, indent=1))
 
     def issue(self, name: str = "", expires_in: float = 0.0) -> Invite:
         """A new invite (``expires_in`` seconds from now; 0: never), recorded in the book."""

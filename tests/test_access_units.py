@@ -1,6 +1,7 @@
 """Invites, the access check every private peer runs, revocation lists and the host's invite book (no network)."""
 
 import base64
+import logging
 import time
 
 import msgpack
@@ -189,3 +190,44 @@ def test_the_watcher_applies_the_newest_list_the_issuer_signed_and_tells_a_revok
     assert watcher.poll() and len(told) == 1 and "revoked this peer's invite" in told[0]
     swarm.records.append(record([other.invite_id, me.invite_id], 50.0))
     assert watcher.poll() and len(told) == 1, "told once"
+
+
+def _signed_record(revoked, created, key=ISSUER):
+    from peer.protocol import AccessRecord, to_dht_value
+
+    signature = sign_revocations(key, "run-a", revoked, created).hex()
+    issuer = ISSUER.public_key().public_bytes_raw().hex()  # a forger claims the host's issuer: only keys differ
+    return to_dht_value(AccessRecord(issuer=issuer, revoked=revoked, created=created, signature=signature))
+
+
+def test_a_forged_list_dated_far_ahead_does_not_block_the_hosts_later_revocations(caplog):
+    from peer.network.access import AccessWatcher
+
+    me, other = issue_invite(ISSUER, "run-a", "me"), issue_invite(ISSUER, "run-a", "other")
+    now = time.time()
+    forged = _signed_record([], now + 10 * 365 * 86400, key=issuer_key(RSAPrivateKey()))
+    swarm = _FakeSwarm(Access(parse_invite(me.token), "run-a"), [forged])
+    watcher = AccessWatcher(swarm)
+    assert not watcher.poll() and swarm.access.revoked == frozenset()
+    swarm.records.append(_signed_record([other.invite_id], now))
+    caplog.clear()
+    assert watcher.poll(), "the host's list, newer than every list it signed, is applied"
+    assert swarm.access.revoked == {other.invite_id} and swarm.forwarded == [[other.invite_id]]
+    assert "revoked" in swarm.access.check(other.token)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "1 revocation list(s) whose signature is not the host's" in warnings[0]
+
+
+def test_a_genuine_list_dated_beyond_the_clock_skew_is_refused():
+    from peer.network.access import MAX_CLOCK_SKEW, AccessWatcher
+
+    me, other, third = (issue_invite(ISSUER, "run-a", n) for n in ("me", "other", "third"))
+    now = time.time()
+    ahead = _signed_record([other.invite_id], now + 86400)
+    swarm = _FakeSwarm(Access(parse_invite(me.token), "run-a"), [ahead])
+    watcher = AccessWatcher(swarm)
+    assert not watcher.poll() and swarm.access.revoked == frozenset() and swarm.forwarded == []
+    swarm.records.append(_signed_record([third.invite_id], now))
+    assert watcher.poll() and swarm.access.revoked == {third.invite_id}, "a later list still takes effect"
+    swarm.records.append(_signed_record([other.invite_id, third.invite_id], now + MAX_CLOCK_SKEW / 2))
+    assert watcher.poll() and swarm.access.revoked == {other.invite_id, third.invite_id}, "within the skew: taken"

@@ -14,7 +14,9 @@ token a peer presents is its **invite**:
   (:class:`~peer.network.blobs_server.BlobServer` checks it: the DHT authorizer does not cover custom handlers).
 * Revocation: the coordinator publishes the revoked invite ids, signed by the issuer key, under ``{run}_access``;
   every peer re-reads it (:class:`AccessWatcher`) and refuses those invites from then on. A peer whose own invite
-  is revoked is told so and stops.
+  is revoked is told so and stops. Anyone may write a record there, so the watcher checks every record's
+  signature *before* picking the newest list, and refuses one dated more than :data:`MAX_CLOCK_SKEW` ahead of its
+  own clock: otherwise one forged (or far-future) record would outrank every later genuine list.
 
 An invite is a bearer credential, like an invite link: whoever holds it may join until it expires or is revoked.
 Peers see each other's invites (they travel with every request), so a member can pass one on; revoking that invite
@@ -44,6 +46,7 @@ MAX_INVITE_CHARS = 512
 MAX_NAME = 64
 MAX_REVOKED = 1024
 WATCH_INTERVAL = 10.0
+MAX_CLOCK_SKEW = 300.0  # s; a revocation list dated further ahead of this peer's clock is refused
 
 
 class InviteError(UserError, ValueError):
@@ -186,9 +189,13 @@ class Access:
         """The hivemind DHT authorizer for this peer (requests signed by ``signing_key``, its RSA key)."""
         return _authorizer_class()(self, signing_key)
 
+    def signed(self, run_id: str, revoked: list[str], created: float, signature: bytes) -> bool:
+        """Whether this run's issuer signed this revocation list."""
+        return run_id == self.run_id and _verify(self.issuer, signature, revocations_payload(run_id, revoked, created))
+
     def apply(self, run_id: str, revoked: list[str], created: float, signature: bytes) -> bool:
         """Take a revocation list if the issuer signed it; whether it did."""
-        if run_id != self.run_id or not _verify(self.issuer, signature, revocations_payload(run_id, revoked, created)):
+        if not self.signed(run_id, revoked, created, signature):
             return False
         self.revoked = frozenset(revoked)
         return True
@@ -255,26 +262,41 @@ class AccessWatcher:
         return self
 
     def poll(self) -> bool:
-        """Read once; whether a newer revocation list was applied."""
+        """Read once; whether a newer revocation list was applied.
+
+        The newest is chosen among the lists the issuer signed and that are not dated in the future (beyond
+        :data:`MAX_CLOCK_SKEW`): a record's ``created`` means nothing until its signature is checked.
+        """
         from functools import partial
 
         from peer.protocol import AccessRecord, RecordError, access_key, from_dht_value
 
-        best = None
-        for item in self.swarm.get_dict(access_key(self.swarm.run_id)).values():
+        run_id, now = self.swarm.run_id, time.time()
+        best, forged, future = None, 0, 0
+        for item in self.swarm.get_dict(access_key(run_id)).values():
             try:
                 record = from_dht_value(AccessRecord, item.value)
             except (RecordError, ValueError):
                 continue
             if record.issuer != self.access.issuer.hex():
                 continue
-            if best is None or record.created > best.created:
+            if not self.access.signed(run_id, list(record.revoked), record.created, bytes.fromhex(record.signature)):
+                forged += 1
+            elif record.created > now + MAX_CLOCK_SKEW:
+                future += 1
+            elif best is None or record.created > best.created:
                 best = record
+        if forged or future:
+            logger.warning(
+                "ignored %d revocation list(s) whose signature is not the host's and %d dated more than %.0f s "
+                "ahead of this peer's clock (if that is the host's, its clock is wrong)",
+                forged,
+                future,
+                MAX_CLOCK_SKEW,
+            )
         if best is None or best.created <= self._applied:
             return False
-        if not self.access.apply(self.swarm.run_id, list(best.revoked), best.created, bytes.fromhex(best.signature)):
-            logger.warning("ignored a revocation list whose signature is not the host's")
-            return False
+        self.access.revoked = frozenset(best.revoked)  # its signature was checked above
         self._applied = best.created
         self.swarm.dht.run_coroutine(partial(_apply_in_dht, list(best.revoked)))
         own = self.access.invite

@@ -23,7 +23,9 @@ are stale, which is why bucket readers read wide now and then (docs/protocol.md 
 
 Identity: ``identity_path`` keeps the libp2p identity (so the peer id, and thus the multiaddrs others pasted,
 survive a restart) and, beside it at ``<identity_path>.rsa``, the RSA key that signs this peer's DHT records (so
-a restarted peer still owns its subkeys). Without it, both are fresh for each run of the process.
+a restarted peer still owns its subkeys). Without it, both are fresh for each run of the process. Both files are
+created mode 0600 (:func:`peer.files.write_private`): hivemind would write the libp2p one readable by others and
+``chmod`` it afterwards, so this module writes it first, in hivemind's format, and hivemind only reads it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from peer.errors import UserError
+from peer.files import write_private
 from peer.log import get_logger
 from peer.protocol import check_run_id, check_value_size
 
@@ -98,12 +101,21 @@ def load_signing_key(identity_path: str | None):
             raise SwarmJoinError(f"the signing key {path} is unreadable ({e}); move it away to start afresh") from e
         return key
     key = RSAPrivateKey()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(key.to_bytes())
-    os.chmod(tmp, 0o600)
-    tmp.replace(path)
+    write_private(path, key.to_bytes())
     return key
+
+
+def create_libp2p_identity(identity_path: str) -> bool:
+    """Write a new libp2p identity (as hivemind's ``P2P.generate_identity`` does, but created 0600) unless one is
+    there; whether it wrote one."""
+    if Path(identity_path).exists():
+        return False
+    from hivemind.proto import crypto_pb2
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    key = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.RSA, data=RSAPrivateKey().to_bytes())
+    write_private(identity_path, key.SerializeToString())
+    return True
 
 
 async def _store_file(path: str, all_replicas: bool, narrow: bool, also: tuple, _dht, node) -> list[bool]:
@@ -280,7 +292,8 @@ def join(config: NetworkConfig, run_id: str) -> Swarm:
     if access is not None:
         kwargs["authorizer"] = access.authorizer(signing_key)
     if config.identity_path:
-        Path(config.identity_path).parent.mkdir(parents=True, exist_ok=True)
+        if create_libp2p_identity(config.identity_path):
+            kwargs["check_if_identity_free"] = False  # a new key: nobody else has it (hivemind's own reasoning)
         kwargs["identity_path"] = config.identity_path
     start = time.perf_counter()
     try:
