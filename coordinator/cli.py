@@ -146,14 +146,35 @@ def host_cmd(
 )
 @click.option("--revoke", "revoke", multiple=True, metavar="ID", help="Revoke the invite with this id (repeatable).")
 @click.option("--list", "show", is_flag=True, help="List the invites issued, with their state.")
+@click.option(
+    "--role",
+    type=click.Choice(["member", "learner"]),
+    default="member",
+    show_default=True,
+    help="member: an invite to a private swarm; learner: a credential admitting a learner (public or private runs).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def invite_cmd(identity, run_id, name, expires, revoke, show, as_json):
-    """Issue (default), revoke or list the invites of a private swarm; the running host applies changes in seconds."""
+def invite_cmd(identity, run_id, name, expires, revoke, show, role, as_json):
+    """Issue (default), revoke or list invites (private swarms) and learner credentials (any swarm); the running
+    host applies revocations in seconds."""
     import json
 
     from coordinator.invites import InviteBook, parse_duration
 
     book = InviteBook(identity, run_id)
+    if role == "learner" and not (revoke or show):
+        credential = book.issue_learner(name, parse_duration(expires))
+        c = credential.certificate
+        if as_json:
+            click.echo(
+                json.dumps({"id": c.credential_id, "name": name, "expires": c.expires, "credential": credential.token})
+            )
+        else:
+            click.echo(
+                f"learner credential {c.credential_id} ({name or 'unnamed'}) for run {run_id}:\n{credential.token}\n"
+                "the learner passes it as --learner-credential (or HIVEGRPO_LEARNER_CREDENTIAL); keep it secret"
+            )
+        return
     if revoke or show:
         for invite_id in revoke:
             entry = book.revoke(invite_id)
@@ -168,7 +189,7 @@ def invite_cmd(identity, run_id, name, expires, revoke, show, as_json):
 
                 for e in entries:
                     until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(e["expires"])) if e["expires"] else "never"
-                    click.echo(f"{e['id']}  {e['state']:8}  expires {until:20}  {e['name']}")
+                    click.echo(f"{e['id']}  {e['role']:7}  {e['state']:8}  expires {until:20}  {e['name']}")
         return
     invite = book.issue(name, parse_duration(expires))
     if as_json:

@@ -31,8 +31,10 @@ class HostEvaluator:
         every: float,
         n: int,
         on_result: Callable[[int, float], None],
+        admitted=None,
     ):
         self.swarm, self.blobs, self.folder, self.settings = swarm, blobs, folder, settings
+        self.admitted = admitted  # whose announcements count (peer.network.admission.Admitted)
         self.every, self.n, self.on_result = every, n, on_result
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="host-evaluator", daemon=True)
@@ -50,7 +52,7 @@ class HostEvaluator:
 
     def _loop(self) -> None:
 
-        from peer.model.adapter import attach_lora, load_adapter_bytes
+        from peer.model.adapter import AdapterError, attach_lora, load_adapter_bytes, parse_adapter
         from peer.model.config import ModelConfig
         from peer.model.evaluate import exact_match
         from peer.model.loading import load_base
@@ -61,7 +63,15 @@ class HostEvaluator:
         base = load_base(ModelConfig(name=str(self.folder), quantization=s.quantization, device="cpu"))
         model = attach_lora(base.model, s.lora)
         task = get_task(s.task, s.task_config)
-        self.follower = AdapterFollower(self.swarm, self.blobs, 0).start()
+
+        def check(blob: bytes) -> str | None:
+            try:
+                parse_adapter(model, blob)
+            except AdapterError as e:
+                return str(e)
+            return None
+
+        self.follower = AdapterFollower(self.swarm, self.blobs, 0, admitted=self.admitted, check=check).start()
         try:
             self._measure(model, base.tokenizer, task, load_adapter_bytes, exact_match)
         finally:

@@ -72,6 +72,7 @@ class Host:
         self._known_saved: list[str] = []
         self.book: InviteBook | None = None  # a private run's invites
         self.invite = None  # the invite printed in the join lines (private runs)
+        self.learner_credential = None  # the credential printed in the learn line (peer.network.admission)
 
     def start(self) -> Host:
         from peer.network.blobs import BlobCache, BlobService
@@ -92,6 +93,7 @@ class Host:
             self._closers.add(self._access_watcher.stop)
             self._book_thread = threading.Thread(target=self._watch_book, name="invite-book", daemon=True)
             self._book_thread.start()
+        self.learner_credential = self._learner_credential()
         self.manifest = build_manifest(s, folder, self.blobs.cache.put_bytes(v0), str(self.swarm.peer_id))
         for f in self.manifest.model.files:
             self.blobs.cache.adopt(folder / f.path, sha256=f.sha256)
@@ -111,9 +113,20 @@ class Host:
             self._closers.add(self.web.close)
         if c.eval_every > 0:
             from coordinator.evaluator import HostEvaluator
+            from peer.network.admission import Admitted
+
+            admitted = Admitted(self.swarm, self.swarm.public_key, self.manifest.adapter0_sha256)
+            admitted.adapter_size = len(self._v0)
 
             evaluator = HostEvaluator(
-                self.swarm, self.blobs, folder, s, every=c.eval_every, n=c.eval_n, on_result=self.history.record_eval
+                self.swarm,
+                self.blobs,
+                folder,
+                s,
+                every=c.eval_every,
+                n=c.eval_n,
+                on_result=self.history.record_eval,
+                admitted=admitted,
             )
             self._closers.add(evaluator.start().stop)
         logger.info("hosting run %s; others join with:\n  %s", s.run_id, self.join_command())
@@ -141,6 +154,17 @@ class Host:
         self.invite = self.book.default_invite()
         own = issue_invite(self.book.issuer, run_id, "coordinator")
         return replace(self.config.network, invite=own.token)
+
+    def _learner_credential(self):
+        """The learn line's credential: the invite book's ``default`` one with ``--identity`` (the same across
+        restarts, and ``hivegrpo invite --role learner`` issues more), else one for this coordinator's lifetime."""
+        from peer.network.admission import issue_credential
+
+        identity, run_id = self.config.network.identity_path, self.config.settings.run_id
+        if identity is None:
+            return issue_credential(self.swarm.signing_key, run_id, "default")
+        book = self.book if self.book is not None else InviteBook(identity, run_id)
+        return book.default_learner()
 
     def _publish_access(self) -> None:
         from peer.network.access import sign_revocations
@@ -257,14 +281,23 @@ class Host:
             "initial_peers": self.swarm.visible_maddrs(),
             "coordinator": self.fingerprint,
             "invite": None if self.invite is None else self.invite.token,
+            "learner_credential": None if self.learner_credential is None else self.learner_credential.token,
             "web": None if self.web is None else self.web.url,
+            "join_command": self.join_command("join"),
+            "learn_command": self.join_command("learn"),
+            "status_command": self.join_command("status"),
         }
 
     def join_command(self, role: str = "join") -> str:
-        info = self.info()
-        peers = " ".join(f"--initial-peers {m}" for m in info["initial_peers"])
-        invite = f" --invite {info['invite']}" if info["invite"] else ""
-        return f"hivegrpo {role} {peers} --run-id {info['run_id']} --coordinator {info['coordinator']}{invite}"
+        """The line a peer of ``role`` pastes: every address, the run, the coordinator's fingerprint, the invite of
+        a private run and, for ``learn``, the learner credential."""
+        peers = " ".join(f"--initial-peers {m}" for m in self.swarm.visible_maddrs())
+        line = f"hivegrpo {role} {peers} --run-id {self.swarm.run_id} --coordinator {self.fingerprint}"
+        if self.invite is not None:
+            line += f" --invite {self.invite.token}"
+        if role == "learn" and self.learner_credential is not None:
+            line += f" --learner-credential {self.learner_credential.token}"
+        return line
 
     def write_info(self, path: Path | str) -> None:
         """The join details as JSON, in a file only this user can read: it holds the invite (a credential)."""

@@ -1,4 +1,4 @@
-"""A private run's invite book: the invites its coordinator issued and the ones it revoked, in one JSON file.
+"""A run's invite book: the invites and learner credentials its coordinator issued, and the invites it revoked.
 
 The file lives beside the coordinator's identity (``<identity>.<run>.invites.json``, mode 0600: it holds the
 tokens). ``hivegrpo invite`` writes it — it needs no network, and works while the host runs or not — and the
@@ -16,6 +16,7 @@ from pathlib import Path
 from peer.errors import UserError
 from peer.files import write_private
 from peer.network.access import MAX_REVOKED, Invite, InviteError, issue_invite, issuer_key
+from peer.network.admission import Credential, issue_credential, parse_credential
 from peer.network.swarm import load_signing_key
 
 DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])\Z")
@@ -48,7 +49,8 @@ class InviteBook:
             )
         self.run_id = run_id
         self.path = book_path(identity, run_id)
-        self.issuer = issuer_key(load_signing_key(str(identity)))
+        self.signing_key = load_signing_key(str(identity))
+        self.issuer = issuer_key(self.signing_key)
         self.data = self._load()
 
     def _load(self) -> dict:
@@ -75,12 +77,41 @@ class InviteBook:
         self._save()
         return invite
 
+    def issue_learner(self, name: str = "", expires_in: float = 0.0) -> Credential:
+        """A new learner credential (:mod:`peer.network.admission`), recorded in the book with role ``learner``."""
+        expires = time.time() + expires_in if expires_in else 0.0
+        credential = issue_credential(self.signing_key, self.run_id, name, expires)
+        self.data["issued"].append(
+            {
+                "id": credential.certificate.credential_id,
+                "role": "learner",
+                "name": name,
+                "expires": expires,
+                "created": time.time(),
+                "token": credential.token,
+            }
+        )
+        self._save()
+        return credential
+
+    def default_learner(self) -> Credential:
+        """The learner credential the host prints in its learn line: the book's ``default`` one while valid."""
+        for e in reversed(self.entries()):
+            if e["role"] == "learner" and e["name"] == "default" and e["state"] == "valid":
+                return parse_credential(e["token"])
+        return self.issue_learner("default")
+
     def revoke(self, invite_id: str) -> dict:
         """Revoke an issued invite by id; the entry revoked."""
         entry = next((e for e in self.data["issued"] if e["id"] == invite_id), None)
         if entry is None:
             known = ", ".join(e["id"] for e in self.data["issued"][-5:]) or "none"
             raise UserError(f"no invite {invite_id!r} in {self.path} (recent: {known}); see `hivegrpo invite --list`")
+        if entry.get("role") == "learner":
+            raise UserError(
+                f"{invite_id} is a learner credential: these cannot be revoked yet (issue them with --expires); "
+                "only member invites of private swarms can"
+            )
         if invite_id not in self.data["revoked"]:
             if len(self.data["revoked"]) >= MAX_REVOKED:
                 raise UserError(f"{MAX_REVOKED} invites are revoked already: start a new run for more")
@@ -99,13 +130,13 @@ class InviteBook:
             state = "revoked" if e["id"] in self.data["revoked"] else "valid"
             if state == "valid" and e["expires"] and e["expires"] <= now:
                 state = "expired"
-            out.append({**e, "state": state})
+            out.append({**e, "role": e.get("role", "member"), "state": state})
         return out
 
     def default_invite(self) -> Invite:
         """The invite the host prints in its join lines: the book's ``default`` one while valid, else a new one."""
         for e in reversed(self.entries()):
-            if e["name"] == "default" and e["state"] == "valid":
+            if e["role"] == "member" and e["name"] == "default" and e["state"] == "valid":
                 from peer.network.access import parse_invite
 
                 return parse_invite(e["token"])

@@ -384,6 +384,14 @@ def join_cmd(
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object.")
 @click.option("--bench-barrier", is_flag=True, hidden=True)  # docs/benchmarks.md
+@click.option(
+    "--learner-credential",
+    envvar="HIVEGRPO_LEARNER_CREDENTIAL",
+    default=None,
+    metavar="TOKEN",
+    help="The credential admitting this learner to the run (hgl1.…), as in the host's learn line or from "
+    "`hivegrpo invite --role learner` (or set HIVEGRPO_LEARNER_CREDENTIAL).",
+)
 def learn_cmd(
     run_id,
     coordinator,
@@ -402,6 +410,7 @@ def learn_cmd(
     threads,
     as_json,
     bench_barrier,
+    learner_credential,
     **network,
 ):
     """Join a swarm as a learner: verify the buckets' groups and turn them into adapter versions."""
@@ -415,6 +424,7 @@ def learn_cmd(
         network=_network_config(**network),
         coordinator=coordinator,
         allowed_tasks=allow_task,
+        learner_credential=learner_credential,
         quantization=quantization,
         device=device,
         cache_dir=Path(cache_dir).expanduser(),

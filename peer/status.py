@@ -17,12 +17,14 @@ from typing import Any
 
 from peer.protocol import (
     AdapterRecord,
+    LearnerRecord,
     ManifestRecord,
     MetricsRecord,
     RecordError,
     adapter_key,
     from_dht_value,
     key_fingerprint,
+    learners_key,
     manifest_key,
     metrics_key,
     parse_owner_subkey,
@@ -58,7 +60,27 @@ def read_status(swarm, coordinator: str | None = None) -> dict[str, Any]:
         _records(swarm, adapter_key(swarm.run_id), AdapterRecord),
         _records(swarm, manifest_key(swarm.run_id), ManifestRecord),
         coordinator=coordinator,
+        learners=_records(swarm, learners_key(swarm.run_id), LearnerRecord),
     )
+
+
+def _admitted(run_id: str, coordinator_key: bytes | None, learners) -> tuple[dict[bytes, str], dict[str, str]]:
+    """Signer -> peer id of the learners whose admission verifies against the run's coordinator; refusals by
+    fingerprint (see :mod:`peer.network.admission`)."""
+    from peer.network.admission import CredentialError, check_binding, verify_certificate
+
+    admitted, refused = {}, {}
+    for owner, record in learners:
+        try:
+            if coordinator_key is None:
+                raise CredentialError("no manifest to check its credential against")
+            certificate = verify_certificate(record.certificate, coordinator_key, run_id)
+            if not check_binding(certificate, record.binding, run_id, owner, record.peer_id):
+                raise CredentialError("its binding was not signed by its credential's holder")
+            admitted[owner] = record.peer_id
+        except CredentialError as e:
+            refused[key_fingerprint(owner)] = f"learner record refused: {e}"
+    return admitted, refused
 
 
 def _manifest(run_id: str, manifests, peers, coordinator: str | None) -> tuple[dict | None, list[str]]:
@@ -94,6 +116,28 @@ def _manifest(run_id: str, manifests, peers, coordinator: str | None) -> tuple[d
     }, []
 
 
+def _admitted_only(run_id, manifest, manifests, learners, peers, metrics, adapters, refused: dict):
+    """The heartbeats, metrics and announcements whose claims hold; what was refused goes into ``refused``."""
+    host = next((o for o, _ in manifests if manifest and key_fingerprint(o) == manifest["coordinator"]), None)
+    admitted, why = _admitted(run_id, host, learners)
+    refused.update(why)
+
+    def claims(owner: bytes, role: str, peer_id: str, what: str) -> bool:
+        ok = owner == host if role == "coordinator" else role != "learner" or admitted.get(owner) == peer_id
+        if not ok:
+            refused.setdefault(key_fingerprint(owner), f"{what} without being admitted by the coordinator")
+        return ok
+
+    peers = [(o, r) for o, r in peers if claims(o, r.role, r.peer_id, f"heartbeats as {r.role}")]
+    metrics = [(o, m) for o, m in metrics if claims(o, "learner", m.learner, "publishes learner metrics")]
+    adapters = [
+        (o, a)
+        for o, a in adapters
+        if (o == host and a.version == 0) or claims(o, "learner", a.learner, f"announced adapter v{a.version}")
+    ]
+    return peers, metrics, adapters
+
+
 def summarize(
     run_id: str,
     peers: list[tuple[bytes, Any]],
@@ -103,10 +147,21 @@ def summarize(
     *,
     coordinator: str | None = None,
     now: float | None = None,
+    learners: list[tuple[bytes, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One JSON-ready dict of the swarm's state from its records (``(signing key, record)`` pairs)."""
+    """One JSON-ready dict of the swarm's state from its records (``(signing key, record)`` pairs).
+
+    With ``learners`` (the ``{run}_learners`` records) only admitted learners' heartbeats, metrics and
+    announcements count, only the manifest's signer is the coordinator, and every other claim is listed under
+    ``refused``; without (unit tests of the other parts) every record counts.
+    """
     now = time.time() if now is None else now
     manifest, problems = _manifest(run_id, manifests, peers, coordinator)
+    refused: dict[str, str] = {}
+    if learners is not None:
+        peers, metrics, adapters = _admitted_only(
+            run_id, manifest, manifests, learners, peers, metrics, adapters, refused
+        )
     group_size = (manifest or {}).get("group_size")
     learned = sorted((m for _, m in metrics), key=lambda m: m.version)
     newest = learned[-1] if learned else None
@@ -191,6 +246,7 @@ def summarize(
         "reward_mean": None if newest is None else newest.reward_mean,
         "reward_history": history,
         "reward_trend": None if trend is None else round(trend, 4),
+        "refused": [{"fingerprint": fp, "why": why} for fp, why in sorted(refused.items())],
     }
 
 
@@ -277,6 +333,12 @@ def render(status: dict[str, Any]):
         parts.append(learners)
     if status["banned"]:
         parts.append(Text("banned signers: " + ", ".join(status["banned"]), style="red"))
+    if status.get("refused"):
+        lines = [f"{r['fingerprint']}: {r['why']}" for r in status["refused"][:10]]
+        more = f"\n  … and {len(status['refused']) - 10} more" if len(status["refused"]) > 10 else ""
+        parts.append(
+            Text("refused signers (every peer ignores them):\n  " + "\n  ".join(lines) + more, style="yellow")
+        )
     return Group(*parts)
 
 

@@ -129,6 +129,11 @@ def join_args(info: dict) -> list[str]:
     return ["--run-id", info["run_id"], "--coordinator", info["coordinator"], *peers, *LOOPBACK]
 
 
+def learn_args(info: dict) -> list[str]:
+    """:func:`join_args` and the learner credential the host's learn line carries."""
+    return [*join_args(info), "--learner-credential", info["learner_credential"]]
+
+
 def read_ledger(path: Path) -> list[dict]:
     """A learner's ``--ledger`` lines (a line cut short by a kill is skipped)."""
     if not path.exists():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import join_args, start_host, status, wait_until
+from tests.swarm_helpers import join_args, learn_args, start_host, status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +98,7 @@ def test_status_web_page_and_a_swarm_that_outlives_its_coordinator(tmp_path, pro
     host, info = start_host(procs, tmp_path, "coord1", *args, new_session=True)
     host_id = info["initial_peers"][0].rsplit("/p2p/", 1)[1]
     rollout = procs.start("rollout", "join", *join_args(info), "--cache-dir", str(tmp_path / "r"), "--batch-size", "4")
-    learner = procs.start("learner", "learn", *join_args(info), "--cache-dir", str(tmp_path / "l"))
+    learner = procs.start("learner", "learn", *learn_args(info), "--cache-dir", str(tmp_path / "l"))
     running = [host, rollout, learner]
 
     # status lists all three with their roles, and the adapter version rises between two readings

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import fingerprint, join_args, model_copy, read_ledger, start_host, wait_until
+from tests.swarm_helpers import fingerprint, join_args, learn_args, model_copy, read_ledger, start_host, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,14 @@ def test_corrupt_and_truncated_copies_are_refused_and_nothing_corrupt_is_loaded(
     rollout = ["--batch-size", "4", "--json"]
     honest = procs.start("honest", "join", *net, "--cache-dir", str(tmp_path / "a"), *rollout)
     ledger = tmp_path / "ledger.jsonl"
-    learn = ["learn", *net, "--cache-dir", str(tmp_path / "l"), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    learn = [
+        "learn",
+        *learn_args(info),
+        "--cache-dir",
+        str(tmp_path / "l"),
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    ]
     learner = procs.start("learner", *learn, "--ledger", str(ledger), "--json")
     mirrors = {}
     for mode in ("flip", "truncate"):

@@ -155,11 +155,22 @@ class _Client:
         return answer
 
 
-def _teamwork(answers: dict, helpers: list[str]):
+class _Admitted:
+    """The admitted learners' peer ids (a stand-in for peer.network.admission.Admitted: pure logic here)."""
+
+    def __init__(self, peers=None):
+        self.peers = peers
+
+    def admits_peer(self, peer: str) -> bool:
+        return self.peers is None or peer in self.peers
+
+
+def _teamwork(answers: dict, helpers: list[str], admitted: set | None = None):
     from peer.roles.teamwork import Teamwork
 
     followed = []
-    peer = SimpleNamespace(stop_fetcher=lambda: None, beat=lambda: None)
+    session = SimpleNamespace(admitted=_Admitted(admitted))
+    peer = SimpleNamespace(stop_fetcher=lambda: None, beat=lambda: None, session=session)
     tw = Teamwork(peer)
     tw.me, tw.client = "leader", _Client(answers)
     tw.lead = team.Lead("leader")
@@ -174,6 +185,16 @@ def test_a_leader_whose_helper_took_over_follows_it():
     tw, followed = _teamwork({"h1": None, "h2": {"leading": True, "version": 12}}, ["h1", "h2"])
     tw.check_team(["h1", "h2"])
     assert followed == [("h2", True)], "deposed: its own newer versions give way to the team's"
+
+
+def test_a_leader_never_follows_a_stranger_that_claims_to_lead():
+    answers = {"h1": None, "stranger": {"leading": True, "version": 99}}
+    tw, followed = _teamwork(answers, ["h1"], admitted={"leader", "h1"})
+    tw.check_team(["h1", "stranger"])
+    assert followed == [] and "stranger" not in tw.client.asked, "a peer without admission is not even asked"
+    tw, followed = _teamwork(answers, ["h1"], admitted={"leader", "h1", "stranger"})
+    tw.check_team(["h1", "stranger"])
+    assert followed == [("stranger", True)], "the same answer from an admitted learner is followed"
 
 
 def test_a_leader_forgets_helpers_that_are_gone_and_keeps_those_that_still_help_it():

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import fingerprint, join_args, read_ledger, start_host, wait_until
+from tests.swarm_helpers import fingerprint, join_args, learn_args, read_ledger, start_host, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +104,14 @@ class Run:
         ledger (a restart of ``name`` under another label keeps the first run's files)."""
         label = label or name
         self.ledgers[label] = self.root / f"{label}.jsonl"
-        args = ["learn", *self.net, "--cache-dir", str(self.root / name), "--identity", str(self.root / f"{name}.id")]
+        args = [
+            "learn",
+            *learn_args(self.info),
+            "--cache-dir",
+            str(self.root / name),
+            "--identity",
+            str(self.root / f"{name}.id"),
+        ]
         if checkpoint:
             args += ["--checkpoint-dir", str(self.root / f"{name}.ckpt")]
         args += ["--ledger", str(self.ledgers[label]), "--json"]

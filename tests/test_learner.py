@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import join_args, start_host, wait_until
+from tests.swarm_helpers import join_args, learn_args, start_host, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +74,7 @@ def test_one_rollout_peer_and_one_learner_make_versions_the_rollout_peer_follows
         "4",
     )  # at most one version's groups ahead: the peer must switch to every version the learner makes
     ledger, checkpoints = tmp_path / "ledger.jsonl", tmp_path / "ckpt"
-    learn = [*join_args(info), "--cache-dir", str(tmp_path / "l"), "--checkpoint-dir", str(checkpoints)]
+    learn = [*learn_args(info), "--cache-dir", str(tmp_path / "l"), "--checkpoint-dir", str(checkpoints)]
     learner = procs.start("learner", "learn", *learn, "--max-versions", "4", "--ledger", str(ledger), "--json")
     summary = _summary(learner, procs)
     assert summary["versions_made"] == 4 and summary["adapter_version"] == 4, summary
@@ -156,7 +156,7 @@ def test_a_peer_that_inflates_rewards_or_replays_a_group_is_banned_and_never_rea
         names[f"{mode}-proc"] = procs.start_argv(mode, [LIAR, mode, *args])
     ledger = tmp_path / "ledger.jsonl"
     learner = procs.start(
-        "learner", "learn", *join_args(info), "--cache-dir", str(tmp_path / "l"), "--ledger", str(ledger), "--json"
+        "learner", "learn", *learn_args(info), "--cache-dir", str(tmp_path / "l"), "--ledger", str(ledger), "--json"
     )
     swarm, _ = reader("liars", info["initial_peers"])
 

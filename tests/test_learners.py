@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import join_args, start_host, wait_until
+from tests.swarm_helpers import join_args, learn_args, start_host, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def test_two_learners_make_one_lineage_and_the_helper_takes_over_when_the_leader
     host, info = start_host(procs, tmp_path, "team1", "--groups-per-version", "4", "--tau-max", "4")
     rollout = procs.start("rollout", "join", *join_args(info), "--cache-dir", str(tmp_path / "r"), "--batch-size", "4")
     ledger_a, ledger_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    learn = [*join_args(info), "--json"]
+    learn = [*learn_args(info), "--json"]
     a = procs.start(
         "learner-a", "learn", *learn, "--cache-dir", str(tmp_path / "a"), "--ledger", str(ledger_a), new_session=True
     )
@@ -106,7 +106,7 @@ def test_two_learners_started_at_once_settle_on_one_leader_and_one_lineage(tmp_p
     ledgers = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
     learners = [
         procs.start(
-            "learner-" + n, "learn", *join_args(info), "--cache-dir", str(tmp_path / n), "--ledger", str(ledger)
+            "learner-" + n, "learn", *learn_args(info), "--cache-dir", str(tmp_path / n), "--ledger", str(ledger)
         )
         for n, ledger in zip("ab", ledgers, strict=True)
     ]  # neither sees the other's versions at start: each may lead a lineage of its own for a while

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.swarm_helpers import fingerprint, join_args, read_ledger, start_host, status, wait_until
+from tests.swarm_helpers import fingerprint, join_args, learn_args, read_ledger, start_host, status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def test_a_forger_and_a_flooder_are_banned_capped_and_cost_the_learner_no_memory
     learner = procs.start(
         "learner",
         "learn",
-        *net,
+        *learn_args(info),
         "--cache-dir",
         str(tmp_path / "l"),
         "--check-rate",

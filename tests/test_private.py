@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import LOOPBACK, join_args, start_host, wait_until
+from tests.swarm_helpers import LOOPBACK, join_args, learn_args, start_host, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +67,7 @@ def test_invited_peers_work_strangers_are_refused_and_a_revoked_invite_stops(tmp
         "rollout", "join", *join_args(info), *cache, "--batch-size", "4", "--invite", rollout_invite["invite"]
     )
     learner = procs.start(
-        "learner", "learn", *join_args(info), "--cache-dir", str(tmp_path / "l"), "--invite", info["invite"]
+        "learner", "learn", *learn_args(info), "--cache-dir", str(tmp_path / "l"), "--invite", info["invite"]
     )
 
     def learning():

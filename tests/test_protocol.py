@@ -183,9 +183,10 @@ def test_key_builders_spell_every_key_once():
     assert keys.adapter_key("run-1") == "run-1_adapter"
     assert keys.metrics_key("run-1") == "run-1_metrics"
     assert keys.access_key("run-1") == "run-1_access"
+    assert keys.learners_key("run-1") == "run-1_learners"
     assert keys.bucket_key("run-1", 0) == "run-1_bucket_0"
     all_keys = [keys.field_key("r", name) for name in keys.schema_fields()]
-    assert len(set(all_keys)) == len(all_keys) == 5 + BUCKET_RING
+    assert len(set(all_keys)) == len(all_keys) == 6 + BUCKET_RING
 
 
 def test_bucket_ring_wraps_every_bucket_ring_versions():

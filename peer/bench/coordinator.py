@@ -77,7 +77,16 @@ def run_round(root: Path, name: str, private: bool, args, outage: bool) -> dict:
         common += ["--invite", info["invite"]] if info["invite"] else []
         ledger = root / f"{name}-ledger.jsonl"
         children.append(Child(f"{name}-rollout", ["join", *common, "--cache-dir", str(root / f"{name}-r")], root))
-        learn = ["learn", *common, "--cache-dir", str(root / f"{name}-l"), "--ledger", str(ledger)]
+        learn = [
+            "learn",
+            *common,
+            "--learner-credential",
+            info["learner_credential"],
+            "--cache-dir",
+            str(root / f"{name}-l"),
+            "--ledger",
+            str(ledger),
+        ]
         children.append(Child(f"{name}-learner", learn, root))
         _wait(lambda: len(json_lines(ledger)) >= args.warmup, f"{args.warmup} versions", 300, children)
         start = time.time()

@@ -108,6 +108,7 @@ def main(argv=None) -> dict:
                 run_id=run_id,
                 network=NetworkConfig.loopback(info["initial_peers"]),
                 coordinator=info["coordinator"],
+                learner_credential=info["learner_credential"],
                 cache_dir=root / "learner",
                 device="cpu",
                 max_versions=args.versions,

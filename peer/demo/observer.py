@@ -45,7 +45,9 @@ class Observer:
         from peer.roles.session import open_session
 
         self.session = s = open_session(self.config, "observer", self._closers)
-        self.follower = AdapterFollower(s.swarm, s.blobs, s.version, others=s.providers).start()
+        self.follower = AdapterFollower(
+            s.swarm, s.blobs, s.version, others=s.providers, admitted=s.admitted, check=s.check_adapter
+        ).start()
         self._closers.add(self.follower.stop)
         return self
 

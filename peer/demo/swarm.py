@@ -134,7 +134,8 @@ class LocalSwarm:
         for i in range(self.learner_count):
             name = "learner" if i == 0 else f"learner-{i + 1}"
             ledger = self.ledger if i == 0 else self.ledger.with_name(f"{self.ledger.stem}-{i + 1}.jsonl")
-            learner = ["learn", *joining, "--cache-dir", str(self.root / name), "--ledger", str(ledger)]
+            learner = ["learn", *joining, "--learner-credential", self.info["learner_credential"]]
+            learner += ["--cache-dir", str(self.root / name), "--ledger", str(ledger)]
             learner += self.learner_args
             self.learners.append(Child(name, learner, self.logs))
             if i + 1 < self.learner_count:

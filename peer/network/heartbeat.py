@@ -58,6 +58,7 @@ class Heartbeat:
             state="starting",
             stats={},
         )
+        self.also: list = []  # callables run after every beat (e.g. a learner re-storing its admission)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{role}", daemon=True)
 
@@ -86,6 +87,8 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             try:
                 self.beat()
+                for also in self.also:
+                    also()
             except Exception as e:  # the network boundary: keep beating, say why one failed
                 logger.warning("heartbeat failed: %s", e)
 
@@ -126,10 +129,15 @@ def live_peers(swarm, role: str | None = None, include_leaving: bool = False) ->
 
 class Reachable:
     """The peer ids of live peers of ``role`` that others can reach (not in client mode), this peer excluded,
-    re-read from the heartbeats at most every ``every`` seconds: a callable, e.g. a bucket store's ``push_to``."""
+    re-read from the heartbeats at most every ``every`` seconds: a callable, e.g. a bucket store's ``push_to``.
 
-    def __init__(self, swarm, role: str, every: float = 5.0, clock=time.monotonic):
+    ``admitted`` (a :class:`~peer.network.admission.Admitted`): a heartbeat is a claim anyone can make; with it,
+    only peers whose signer is an admitted learner bound to that peer id count (fake "learners" get no pushes).
+    """
+
+    def __init__(self, swarm, role: str, every: float = 5.0, clock=time.monotonic, admitted=None):
         self.swarm, self.role, self.every, self._clock = swarm, role, every, clock
+        self.admitted = admitted
         self._ids: tuple[str, ...] = ()
         self._read_at = -float("inf")
 
@@ -143,5 +151,11 @@ class Reachable:
             except Exception as e:  # the network boundary: keep the last list, try again later
                 logger.warning("could not read the %s peers: %s", self.role, e)
             else:
-                self._ids = tuple(p.record.peer_id for p in peers if p.record.reachable and p.record.peer_id != me)
+                self._ids = tuple(
+                    p.record.peer_id
+                    for p in peers
+                    if p.record.reachable
+                    and p.record.peer_id != me
+                    and (self.admitted is None or self.admitted.admits(p.owner, p.record.peer_id))
+                )
         return self._ids

@@ -12,6 +12,7 @@ key                    subkey                                      value
 ``R_adapter``          :func:`owner_subkey` of each learner        ``AdapterRecord``
 ``R_metrics``          :func:`owner_subkey` of each learner        ``MetricsRecord``
 ``R_access``           :func:`owner_subkey` of the coordinator     ``AccessRecord`` (private runs)
+``R_learners``         :func:`owner_subkey` of each learner        ``LearnerRecord`` (its admission)
 ``R_bucket_<slot>``    :func:`group_subkey` (owner, version, seq)  ``BucketEntry``
 =====================  ==========================================  ============================
 
@@ -50,6 +51,7 @@ PEERS_FIELD = "peers"
 ADAPTER_FIELD = "adapter"
 METRICS_FIELD = "metrics"
 ACCESS_FIELD = "access"
+LEARNERS_FIELD = "learners"
 BUCKET_FIELD_PREFIX = "bucket_"
 
 OWNER_PREFIX = b"[owner:"
@@ -87,7 +89,7 @@ def bucket_field(slot: int) -> str:
 
 def schema_fields() -> tuple[str, ...]:
     """Every field name of the run schema, in key-table order; key ``R_<field>`` exists for each."""
-    return (MANIFEST_FIELD, PEERS_FIELD, ADAPTER_FIELD, METRICS_FIELD, ACCESS_FIELD) + tuple(
+    return (MANIFEST_FIELD, PEERS_FIELD, ADAPTER_FIELD, METRICS_FIELD, ACCESS_FIELD, LEARNERS_FIELD) + tuple(
         bucket_field(slot) for slot in range(BUCKET_RING)
     )
 
@@ -120,6 +122,11 @@ def metrics_key(run_id: str) -> str:
 def access_key(run_id: str) -> str:
     """Key of a private run's revocation list, under the coordinator's owner subkey."""
     return field_key(run_id, ACCESS_FIELD)
+
+
+def learners_key(run_id: str) -> str:
+    """Key of the learners' admissions (the coordinator's certificate bound to each learner), one owner subkey each."""
+    return field_key(run_id, LEARNERS_FIELD)
 
 
 def bucket_slot(version: int) -> int:

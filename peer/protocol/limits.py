@@ -27,8 +27,8 @@ process through a non-blocking pipe, and a value over about 64 KB kills that pro
 * :data:`MAX_MODEL_FILES` / :data:`MAX_PATH_CHARS` — files in the manifest's base model / each file's path.
 * :data:`MAX_JSON_CHARS` — each JSON document in the manifest (task config, GRPO and LoRA hyperparameters).
 * :data:`MAX_PEER_ID_CHARS`, :data:`MAX_MADDRS`, :data:`MAX_MADDR_CHARS`, :data:`MAX_STATS`, :data:`MAX_NAME_CHARS`,
-  :data:`MAX_REASONS`, :data:`MAX_BANNED`, :data:`MAX_TALLIED`, :data:`MAX_HISTORY`, :data:`MAX_REVOKED` — fields
-  of the heartbeat, metrics, access and other small records.
+  :data:`MAX_REASONS`, :data:`MAX_BANNED`, :data:`MAX_TALLIED`, :data:`MAX_HISTORY`, :data:`MAX_REVOKED`,
+  :data:`MAX_CERTIFICATE_BYTES` — fields of the heartbeat, metrics, access, learner and other small records.
 * :data:`MAX_OWNER_KEY_BYTES` — the serialized RSA public key in an owner subkey (a 2048-bit key takes ~380).
 * :data:`MAX_INT` — every integer fits a signed 64-bit msgpack int.
 """
@@ -66,6 +66,7 @@ MAX_BANNED = 64  # key fingerprints a learner lists in its metrics (the most rec
 MAX_TALLIED = 128  # producers a learner's metrics count groups for (the most recent)
 MAX_HISTORY = 32  # reward means of a learner's most recent versions, in its metrics
 MAX_REVOKED = 1024  # invite ids a private run's revocation list holds
+MAX_CERTIFICATE_BYTES = 1024  # a learner's certificate from the coordinator (payload + RSA signature: ~400)
 MAX_OWNER_KEY_BYTES = 1024
 MAX_INT = 2**63 - 1
 

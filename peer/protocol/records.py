@@ -34,6 +34,7 @@ from peer.protocol.codec import (
 from peer.protocol.limits import (
     MAX_BANNED,
     MAX_BLOB_BYTES,
+    MAX_CERTIFICATE_BYTES,
     MAX_COMPLETION_TOKENS,
     MAX_GROUP_BATCH_BYTES,
     MAX_GROUP_BYTES,
@@ -68,6 +69,7 @@ __all__ = [
     "Completion",
     "GroupBatch",
     "GroupRecord",
+    "LearnerRecord",
     "ManifestRecord",
     "MetricsRecord",
     "ModelFile",
@@ -480,6 +482,20 @@ class AccessRecord(_Record):
     revoked: pydantic.conlist(pydantic.constr(strict=True, regex=r"[0-9a-f]{16}\Z"), max_items=MAX_REVOKED)
     created: Timestamp
     signature: pydantic.constr(strict=True, regex=r"[0-9a-f]{128}\Z")  # Ed25519 over the revocation payload
+
+
+class LearnerRecord(_Record):
+    """A learner's admission to the run: the certificate the coordinator signed for a learner credential, and
+    the credential holder's signature binding it to this record's signer and to ``peer_id`` (its libp2p id).
+
+    Only signers with a valid admission write the lineage (adapter announcements) and take part in the learners'
+    team; see :mod:`peer.network.admission`, which builds and checks both byte strings.
+    """
+
+    peer_id: PeerId
+    certificate: pydantic.conbytes(strict=True, min_length=1, max_length=MAX_CERTIFICATE_BYTES)
+    binding: pydantic.conbytes(strict=True, min_length=64, max_length=64)  # Ed25519
+    created: Timestamp
 
 
 # ---------------------------------------------------------------------------------------------------- metrics

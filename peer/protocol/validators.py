@@ -13,8 +13,9 @@
    anything a remote peer can send (a list subkey made hivemind's raise "unhashable type").
 
 On top of the schemas, bucket slots check that an entry's version maps to the slot (``version % BUCKET_RING``) and
-that the subkey's ``<version>.<seq>`` equals the entry's. Single-entry keys (manifest, peers, adapter, metrics)
-take exactly ``[owner:KEY]`` as subkey. A value stored without a subkey under a run key is refused too.
+that the subkey's ``<version>.<seq>`` equals the entry's. Single-entry keys (manifest, peers, adapter, metrics,
+access, learners) take exactly ``[owner:KEY]`` as subkey. A value stored without a subkey under a run key is
+refused too.
 
 What the validators cannot check, readers must: that a heartbeat's ``peer_id`` is the signer's (the DHT's RSA key
 is not the libp2p identity), that a manifest comes from the coordinator's key and names this run, time-dependent
@@ -41,6 +42,7 @@ from peer.protocol.keys import (
     ACCESS_FIELD,
     ADAPTER_FIELD,
     BUCKET_FIELD_PREFIX,
+    LEARNERS_FIELD,
     MANIFEST_FIELD,
     METRICS_FIELD,
     PEERS_FIELD,
@@ -50,7 +52,15 @@ from peer.protocol.keys import (
     parse_owner_subkey,
 )
 from peer.protocol.limits import BUCKET_RING
-from peer.protocol.records import AccessRecord, AdapterRecord, BucketEntry, ManifestRecord, MetricsRecord, PeerRecord
+from peer.protocol.records import (
+    AccessRecord,
+    AdapterRecord,
+    BucketEntry,
+    LearnerRecord,
+    ManifestRecord,
+    MetricsRecord,
+    PeerRecord,
+)
 
 __all__ = ["GroupSubkey", "OwnerSubkey", "RunSchema", "make_validators"]
 
@@ -131,6 +141,7 @@ RunSchema = pydantic.create_model(
         ADAPTER_FIELD: (dict[OwnerSubkey, AdapterRecord] | None, None),
         METRICS_FIELD: (dict[OwnerSubkey, MetricsRecord] | None, None),
         ACCESS_FIELD: (dict[OwnerSubkey, AccessRecord] | None, None),
+        LEARNERS_FIELD: (dict[OwnerSubkey, LearnerRecord] | None, None),
         **{name: (dict[GroupSubkey, BucketEntry] | None, None) for name in _BUCKET_FIELDS},
     },
 )

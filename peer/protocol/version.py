@@ -15,7 +15,8 @@ from typing import Any
 
 from peer.protocol.errors import ProtocolVersionError
 
-PROTOCOL_VERSION = 2  # 2: the access key and record, per-producer tallies and rewards in metrics, invites in blobs
+PROTOCOL_VERSION = 3  # 3: the learners key and record (only admitted learners write the lineage)
+# 2: the access key and record, per-producer tallies and rewards in metrics, invites in blobs
 
 
 def check_protocol_version(version: Any, what: str) -> None:

@@ -7,6 +7,11 @@ disagree about that version's bytes, the sha256 announced by the most signers wi
 so that the sampling loop only has to copy tensors between two batches. The blob is verified (sha256) by the
 transfer and again, after the swap, by hashing the adapter the model actually holds (see :mod:`peer.roles.rollout`).
 
+Only admitted learners write the lineage (:mod:`peer.network.admission`): :func:`announcements` given the run's
+:class:`~peer.network.admission.Admitted` drops every other signer's record, and the coordinator's except v0. A
+version whose blob fails to load or check is *refused* (:meth:`AdapterFollower.refuse`): remembered by sha256,
+logged once, never fetched again; the peer goes on with what it holds.
+
 An adapter is fetched from the peers that announced it first, then from any other live peer of the run
 (:func:`fetch_adapter`): every peer keeps the versions it followed in its blob cache and serves them, so a version
 outlives the learner that made it (a learner killed and restarted, or a rollout peer joining meanwhile, finds it).
@@ -81,14 +86,19 @@ class Announcement:
     created: float = 0.0  # wall time of the earliest announcement of these bytes (as its signer's clock says)
 
 
-def announcements(swarm) -> list[tuple[bytes, AdapterRecord]]:
-    """Every well-formed adapter announcement of the run with the key that signed it."""
+def announcements(swarm, admitted=None) -> list[tuple[bytes, AdapterRecord]]:
+    """Every well-formed adapter announcement of the run with the key that signed it; with ``admitted`` (an
+    :class:`~peer.network.admission.Admitted`) only those of admitted learners (and the coordinator's v0)."""
     out = []
     for subkey, item in swarm.get_dict(adapter_key(swarm.run_id)).items():
         try:
-            out.append((parse_owner_subkey(subkey), from_dht_value(AdapterRecord, item.value)))
+            signer, record = parse_owner_subkey(subkey), from_dht_value(AdapterRecord, item.value)
         except (RecordError, ValueError):
             continue
+        if admitted is not None and (why := admitted.admits_announcement(signer, record)) is not None:
+            admitted.refuse(signer, f"its announcement of adapter v{record.version} was ignored: {why}")
+            continue
+        out.append((signer, record))
     return out
 
 
@@ -157,7 +167,8 @@ class Received:
 class AdapterFollower:
     """Poll the announcements every ``interval`` seconds; prefetch the blob of a version newer than ``held``.
 
-    ``others``: the peers to ask for a blob its announcers do not deliver (see :func:`fetch_adapter`).
+    ``others``: the peers to ask for a blob its announcers do not deliver (see :func:`fetch_adapter`);
+    ``admitted``: whose announcements count (see :func:`announcements`; None: everyone's, for tests of the parts).
     """
 
     def __init__(
@@ -169,10 +180,15 @@ class AdapterFollower:
         interval: float = 0.5,
         fetch_timeout: float = 30.0,
         others: Callable[[], Sequence] | None = None,
+        admitted=None,
+        check: Callable[[bytes], str | None] | None = None,
     ):
         self.swarm = swarm
         self.blobs = blobs
         self.others = others
+        self.admitted = admitted
+        self.refused: dict[str, str] = {}  # sha256 of versions refused -> why (bounded)
+        self.check = check  # blob -> None if this model can load it, else why not
         self.interval = interval
         self.fetch_timeout = fetch_timeout
         self.held_version = held_version
@@ -210,9 +226,19 @@ class AdapterFollower:
         if self._thread.is_alive():
             self._thread.join(timeout=self.fetch_timeout + 5)
 
+    def refuse(self, sha256: str, why: str) -> None:
+        """Never take adapter ``sha256`` again (its blob would not load, or the model then held other bytes)."""
+        with self._lock:
+            if sha256 not in self.refused:
+                logger.warning("refused adapter %s…: %s", sha256[:12], why)
+            self.refused[sha256] = why
+            while len(self.refused) > 256:
+                self.refused.pop(next(iter(self.refused)))
+
     def poll(self) -> None:
         """One look at the table (the thread calls this; tests may too)."""
-        found = newest_announcement(announcements(self.swarm))
+        records = [(k, r) for k, r in announcements(self.swarm, self.admitted) if r.sha256 not in self.refused]
+        found = newest_announcement(records)
         if found is None:
             return
         with self._lock:
@@ -232,6 +258,9 @@ class AdapterFollower:
             self.blobs, found.sha256, found.size, found.providers, self.others, self.fetch_timeout, self.received
         )
         self.fetches += 1
+        if self.check is not None and (why := self.check(blob)) is not None:
+            self.refuse(found.sha256, f"adapter v{found.version} {why}")
+            return
         with self._lock:
             if found.version > self._newest_known():
                 self._ready = (found, blob)

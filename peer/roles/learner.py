@@ -74,6 +74,7 @@ class LearnerConfig:
     cache_dir: Path = field(default_factory=default_cache_dir)
     heartbeat_interval: float = 10.0
     allowed_tasks: tuple[str, ...] = ()  # plug-in task modules the manifest may name (--allow-task)
+    learner_credential: str | None = None  # the host's credential admitting this learner (hgl1.…)
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 10  # versions
     max_versions: int | None = None  # stop after making this many versions
@@ -106,6 +107,7 @@ class LearnerConfig:
             self.cache_dir,
             self.heartbeat_interval,
             self.allowed_tasks,
+            self.learner_credential,
         )
 
 

@@ -30,6 +30,7 @@ import torch
 
 from peer.errors import UserError
 from peer.log import get_logger
+from peer.model.adapter import AdapterError
 from peer.model.sampling import Completions, sample_groups
 from peer.network.swarm import NetworkConfig
 from peer.protocol import Completion, GroupRecord, encode_tokens, key_fingerprint
@@ -300,13 +301,22 @@ class RolloutPeer:
             self.max_inflight = spec.groups_per_version
         self.seqs = _SeqCounter(c.network.identity_path, c.run_id)
         self.follower = AdapterFollower(
-            self.swarm, self.blobs, self.version, interval=c.poll_interval, others=self.session.providers
+            self.swarm,
+            self.blobs,
+            self.version,
+            interval=c.poll_interval,
+            others=self.session.providers,
+            admitted=session.admitted,
+            check=session.check_adapter,
         ).start()
         self._closers.add(self.follower.stop)
         settle_process()  # no collector pauses, short GIL hold-ups for the sampler (docs/rollout.md)
         self.publisher = Publisher(  # forks: everything the scoring needs is loaded by now, and frozen
             DHTBucketStore(
-                self.swarm, self.blobs, expiration=BUCKET_EXPIRATION, push_to=Reachable(self.swarm, "learner")
+                self.swarm,
+                self.blobs,
+                expiration=BUCKET_EXPIRATION,
+                push_to=Reachable(self.swarm, "learner", admitted=session.admitted),
             ),
             # batches handed over and not yet stored before the sampler waits: room for a gathered run being
             # stored, the next ones gathering, and a slow store (p50 20 ms, but up to 0.9 s seen on loopback)
@@ -385,7 +395,13 @@ class RolloutPeer:
             return False
         announcement, blob = ready
         if announcement.version > self.version:
-            self._swap(announcement.version, announcement.sha256, blob, announcement.created)
+            held = (self.version, self.sha, self.session.blob)
+            try:
+                self._swap(announcement.version, announcement.sha256, blob, announcement.created)
+            except AdapterError as e:  # a refused version, never an exit: go on with the adapter held
+                self.follower.refuse(announcement.sha256, str(e))
+                self.session.swap(*held)  # the model may hold part of the refused one
+                return False
             return True
         return False
 

@@ -18,8 +18,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from peer.errors import UserError
 from peer.log import get_logger
-from peer.model.adapter import AdapterError, adapter_to_bytes, attach_lora, load_adapter_bytes, sha256_hex
+from peer.model.adapter import (
+    AdapterError,
+    adapter_to_bytes,
+    attach_lora,
+    load_adapter_bytes,
+    parse_adapter,
+    sha256_hex,
+)
 from peer.model.config import ModelConfig
 from peer.model.loading import load_base
 from peer.network.blobs_fetch import DEFAULT_TIMEOUT
@@ -48,6 +56,7 @@ class SessionConfig:
     cache_dir: Path = field(default_factory=default_cache_dir)
     heartbeat_interval: float = 10.0
     allowed_tasks: tuple[str, ...] = ()  # plug-in task modules a manifest may name (--allow-task); none by default
+    learner_credential: str | None = None  # a learner's credential from the host (hgl1.…); learners must have one
 
 
 @dataclass
@@ -65,6 +74,7 @@ class Session:
     sha: str = ""
     parent: str = ""  # the sha256 of the held adapter's parent, as announced ("" for v0)
     blob: bytes = b""  # the held adapter's bytes (hash == sha)
+    admitted: object = None  # the run's admitted learners (peer.network.admission.Admitted)
     revoked: str | None = None  # why this peer must stop: the host revoked its invite (private swarms)
     on_revoked: list = field(default_factory=list)  # what to call then (the role's request_stop)
     swap_seconds: list[float] = field(default_factory=list)
@@ -102,6 +112,14 @@ class Session:
         if not quiet:
             self.heartbeat.update(adapter_version=version)
 
+    def check_adapter(self, blob: bytes) -> str | None:
+        """None if this model can load ``blob``, else why not (it changes nothing; a follower's pre-check)."""
+        try:
+            parse_adapter(self.model, blob)
+        except AdapterError as e:
+            return str(e)
+        return None
+
     def fetch_adapter(self, sha: str, size: int, providers) -> bytes:
         """An adapter's bytes from ``providers`` (base58 peer ids), else from any live peer of the run."""
         return fetch_adapter(self.blobs, sha, size, providers, self.providers, DEFAULT_TIMEOUT)
@@ -128,12 +146,21 @@ def settle_process() -> None:
 
 def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
     """Join, read the manifest, load the base with LoRA and the newest adapter; see the module docstring."""
+    from peer.network.admission import Admitted, CredentialError, parse_credential
     from peer.network.blobs import BlobCache, BlobService
     from peer.network.heartbeat import Heartbeat
     from peer.network.swarm import join
     from peer.roles.basemodel import fetch_from, resolve_base
 
     c = config
+    credential = None
+    if role == "learner":
+        if not c.learner_credential:
+            raise CredentialError(
+                "a learner needs --learner-credential: only learners the run's host admitted may write its adapter "
+                "versions; copy the learn line `hivegrpo host` printed (it carries one), or ask the host for one"
+            )
+        credential = parse_credential(c.learner_credential)
     swarm = join(c.network, c.run_id)
     closers.add(swarm.shutdown)
     blobs = BlobService(swarm.dht, BlobCache(c.cache_dir / "blobs"), access=swarm.access)
@@ -159,6 +186,9 @@ def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
         key_fingerprint(coordinator_key),
     )
     session = Session(swarm, blobs, heartbeat, spec, None, None, None)
+    session.admitted = Admitted(swarm, coordinator_key, manifest.adapter0_sha256)
+    if credential is not None:
+        _admit_self(session, credential)
     if swarm.access is not None:
         watcher.on_revoked = session.revoke
         if revoked:
@@ -178,22 +208,42 @@ def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
     return session
 
 
+def _admit_self(session: Session, credential) -> None:
+    """A learner: check its credential against this run's coordinator, publish its admission, keep it stored."""
+    from peer.network.admission import CredentialError, publish_admission, verify_certificate
+
+    try:
+        certificate = verify_certificate(credential.certificate.raw, session.spec.coordinator_key, session.spec.run_id)
+    except CredentialError as e:
+        raise CredentialError(
+            f"{e}: this learner's --learner-credential does not admit it to run {session.spec.run_id!r}; use the "
+            "credential in the learn line that run's `hivegrpo host` printed, or ask its host for one "
+            "(`hivegrpo invite --role learner`)"
+        ) from None
+    if not publish_admission(session.swarm, credential):
+        raise UserError("no DHT node accepted this learner's admission record; check this peer's connection")
+    session.heartbeat.also.append(lambda: publish_admission(session.swarm, credential))
+    session.admitted.learners(force=True)
+    logger.info("admitted as a learner of the run (credential %s)", certificate.credential_id)
+
+
 def _load_newest_adapter(session: Session) -> None:
     """The newest announced adapter that some peer still serves (a version whose announcers died before anyone
     fetched it is skipped, with a warning); v0, rebuilt here, when none is announced."""
     from peer.network.blobs import BlobUnavailable
 
     manifest = session.spec.manifest
-    records = announcements(session.swarm)
     v0 = adapter_to_bytes(session.model)
+    session.admitted.adapter_size = len(v0)  # every version has v0's size: nothing larger is ever fetched
+    records = announcements(session.swarm, session.admitted)
     while (found := newest_announcement(records)) is not None and found.version > 0:
         try:
             blob = session.fetch_adapter(found.sha256, found.size, found.providers)
-        except BlobUnavailable as e:
-            logger.warning("announced adapter v%d is served by nobody now (%s); trying an older one", found.version, e)
+            session.swap(found.version, found.sha256, blob)
+        except (BlobUnavailable, AdapterError) as e:
+            logger.warning("announced adapter v%d is unusable (%s); trying an older one", found.version, e)
             records = [(k, r) for k, r in records if r.version < found.version]
             continue
-        session.swap(found.version, found.sha256, blob)
         session.parent = found.parent_sha256
         return
     if found is None or (found.version == 0 and found.sha256 == sha256_hex(v0)):
@@ -203,8 +253,7 @@ def _load_newest_adapter(session: Session) -> None:
                 f"{manifest.adapter0_sha256[:12]}… and no peer announces an adapter: this hivegrpo (or torch) "
                 "version initialises LoRA differently from the host's; install the host's versions"
             )
-        session.version, session.sha, session.blob = 0, manifest.adapter0_sha256, v0
-        session.heartbeat.update(adapter_version=0)
+        session.swap(0, manifest.adapter0_sha256, v0)  # (again: a refused blob may have been loaded half-way)
         return
     session.swap(found.version, found.sha256, session.fetch_adapter(found.sha256, found.size, found.providers))
 

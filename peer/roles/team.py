@@ -80,9 +80,10 @@ def check_step(step: dict) -> dict:
 class Lead:
     """The leader's side of the team protocol (and, when not leading, the redirect to who is)."""
 
-    def __init__(self, me: str, access=None):
+    def __init__(self, me: str, access=None, admitted=None):
         self.me = me
         self.access = access  # a private swarm's Access: requests must carry a valid invite
+        self.admitted = admitted  # the run's admitted learners: only they may call (peer.network.admission)
         self.leading = False
         self.leader_hint: str | None = None
         self.version, self.sha = -1, ""
@@ -190,6 +191,11 @@ class Lead:
             refused = self.access.check(request.get("invite"))
             if refused is not None:
                 return {"error": f"not authorized ({refused}): this learner works with its swarm's peers only"}
+        if self.admitted is not None:  # libp2p authenticated peer_id; the admission binds it to a credential
+            admitted = await asyncio.get_running_loop().run_in_executor(None, self.admitted.admits_peer, peer)
+            if not admitted:
+                self.stats["refused_unadmitted"] += 1
+                return {"error": "not an admitted learner of this run: a team takes only learners its host admitted"}
         op = request.get("op")
         if op == "probe":
             with self._lock:

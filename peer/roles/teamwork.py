@@ -67,7 +67,7 @@ class Teamwork:
         """Serve the team protocol, then lead or help whoever leads."""
         s = self.peer.session
         self.me = str(s.swarm.peer_id)
-        self.lead = team.Lead(self.me, s.swarm.access)
+        self.lead = team.Lead(self.me, s.swarm.access, s.admitted)
         self.client = team.TeamClient(s.blobs, s.blobs.invite)
         team.serve(s.blobs, self.lead)
         closers.add(lambda: team.unserve(s.blobs, self.lead))
@@ -185,8 +185,12 @@ class Teamwork:
 
         s = self.peer.session
         for attempt in range(2):
-            others = {r.learner for _, r in announcements(s.swarm) if r.version > 0}
-            others |= {p.record.peer_id for p in live_peers(s.swarm, "learner")}
+            others = {r.learner for _, r in announcements(s.swarm, s.admitted) if r.version > 0}
+            others |= {
+                p.record.peer_id
+                for p in live_peers(s.swarm, "learner")
+                if s.admitted.admits(p.owner, p.record.peer_id)
+            }
             others.discard(self.me)
             best: tuple[int, str] | None = None
             for peer in sorted(others):
@@ -209,7 +213,9 @@ class Teamwork:
         return None
 
     def _probe(self, peer: str) -> dict | None:
-        if self._unreachable.get(peer, 0) > time.monotonic():
+        """``peer``'s answer to a probe; None if it is not an admitted learner (a stranger's answer, e.g. "leading",
+        must never be followed), unreachable or not answering."""
+        if self._unreachable.get(peer, 0) > time.monotonic() or not self.peer.session.admitted.admits_peer(peer):
             return None
         try:
             return self.client.probe(peer)
@@ -403,7 +409,7 @@ class Teamwork:
         mine = {v: sha for v, (sha, _) in self.peer.window.items()}
         helpers = set(self.lead.helpers())
         alive = {p.record.peer_id for p in live_peers(s.swarm, "learner")}  # a dead one's announcement lingers
-        for _, r in announcements(s.swarm):
+        for _, r in announcements(s.swarm, s.admitted):
             if (
                 r.learner not in alive
                 or r.learner in helpers

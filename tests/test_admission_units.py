@@ -1,0 +1,241 @@
+"""Learner credentials and admission (peer.network.admission): who may write a run's lineage.
+
+Real RSA and Ed25519 keys throughout; the swarm is a small in-memory stand-in whose ``get_dict`` returns records the
+way hivemind does (subkey -> item with ``.value``): choosing among records is pure logic.
+"""
+
+import time
+from types import SimpleNamespace
+
+import pytest
+from hivemind.utils.crypto import RSAPrivateKey
+
+from peer.network import admission
+from peer.network.admission import Admitted, CredentialError
+from peer.protocol import AdapterRecord, LearnerRecord, adapter_key, learners_key, owner_subkey, to_dht_value
+from peer.roles.adapters import announcements, newest_announcement
+
+RUN = "adm"
+SHA = [f"{i:064x}" for i in range(1, 20)]
+
+
+class _Swarm:
+    """A peer's view of the DHT: ``records[key][subkey] = value``."""
+
+    def __init__(self, key, peer_id="QmSelf"):
+        self.run_id = RUN
+        self.signing_key = key
+        self.public_key = key.get_public_key().to_bytes()
+        self.peer_id = peer_id
+        self.records: dict[str, dict[bytes, object]] = {}
+        self.reads = 0
+
+    def get_dict(self, key, **_):
+        self.reads += 1
+        return {k: SimpleNamespace(value=v) for k, v in self.records.get(key, {}).items()}
+
+    def store(self, key, subkey, value, expires, what):
+        self.records.setdefault(key, {})[subkey] = value
+        return True
+
+
+@pytest.fixture(scope="module")
+def keys():
+    return SimpleNamespace(host=RSAPrivateKey(), learner=RSAPrivateKey(), stranger=RSAPrivateKey())
+
+
+def _pub(key) -> bytes:
+    return key.get_public_key().to_bytes()
+
+
+def _admit(swarm, credential, signer_key, peer_id):
+    """Store what a learner with ``signer_key`` and ``peer_id`` publishes with ``credential``."""
+    learner = _Swarm(signer_key, peer_id)
+    record = admission.learner_record(credential, learner)
+    swarm.records.setdefault(learners_key(RUN), {})[owner_subkey(_pub(signer_key))] = to_dht_value(record)
+
+
+def _announce(swarm, signer_key, version, sha, learner, parent=""):
+    record = AdapterRecord(
+        version=version,
+        sha256=sha,
+        parent_sha256=parent if version else "",
+        size=100,
+        providers=[learner],
+        created=time.time(),
+        learner=learner,
+    )
+    swarm.records.setdefault(adapter_key(RUN), {})[owner_subkey(_pub(signer_key))] = to_dht_value(record)
+
+
+def test_a_credential_round_trips_and_its_certificate_verifies_only_against_its_coordinator(keys):
+    credential = admission.issue_credential(keys.host, RUN, "gpu-box", time.time() + 3600)
+    parsed = admission.parse_credential(credential.token)
+    assert parsed.certificate == credential.certificate and parsed.secret == credential.secret
+    assert len(credential.token) < admission.MAX_TOKEN_CHARS
+    certificate = admission.verify_certificate(parsed.certificate.raw, _pub(keys.host), RUN)
+    assert certificate.name == "gpu-box"
+    with pytest.raises(CredentialError, match="not signed by this run's coordinator"):
+        admission.verify_certificate(parsed.certificate.raw, _pub(keys.stranger), RUN)
+    with pytest.raises(CredentialError, match="for run 'adm', not 'other'"):
+        admission.verify_certificate(parsed.certificate.raw, _pub(keys.host), "other")
+
+
+def test_expired_damaged_and_mismatched_credentials_are_refused_with_a_reason(keys):
+    old = admission.issue_credential(keys.host, RUN, expires=time.time() - 1)
+    with pytest.raises(CredentialError, match="expired"):
+        admission.verify_certificate(old.certificate.raw, _pub(keys.host), RUN)
+    good = admission.issue_credential(keys.host, RUN)
+    with pytest.raises(CredentialError, match="damaged"):
+        admission.parse_credential(good.token[:-40])
+    with pytest.raises(CredentialError, match="not a hivegrpo learner credential"):
+        admission.parse_credential("hgi1.an-invite-not-a-credential")
+    other = admission.issue_credential(keys.host, RUN)
+    swapped = admission.Credential(good.certificate, other.secret).token  # someone else's secret
+    with pytest.raises(CredentialError, match="secret does not match"):
+        admission.parse_credential(swapped)
+    forged = bytearray(good.certificate.raw)
+    forged[20] ^= 1  # a byte of the payload (the run id or the id): the signature no longer covers it
+    with pytest.raises(CredentialError):
+        admission.verify_certificate(bytes(forged), _pub(keys.host), RUN)
+
+
+def test_only_admitted_learners_bound_to_their_peer_id_are_admitted(keys):
+    swarm = _Swarm(keys.host)
+    credential = admission.issue_credential(keys.host, RUN)
+    _admit(swarm, credential, keys.learner, "QmLearner")
+    # a stranger copies the learner's public record (certificate + binding) under its own key: the binding names the
+    # learner's key, not the stranger's
+    copied = swarm.records[learners_key(RUN)][owner_subkey(_pub(keys.learner))]
+    swarm.records[learners_key(RUN)][owner_subkey(_pub(keys.stranger))] = copied
+    admitted = Admitted(swarm, _pub(keys.host))
+    assert set(admitted.learners()) == {_pub(keys.learner)}
+    assert admitted.admits(_pub(keys.learner), "QmLearner")
+    assert not admitted.admits(_pub(keys.learner), "QmOther"), "the binding names one peer id"
+    assert not admitted.admits(_pub(keys.stranger), "QmLearner")
+    assert admitted.peer_ids() == {"QmLearner"}
+    assert any("binding" in why for why in admitted.refused.values())
+
+
+def test_a_credential_of_another_coordinator_admits_nobody(keys):
+    swarm = _Swarm(keys.host)
+    rogue = admission.issue_credential(keys.stranger, RUN)  # a stranger acting as its own coordinator
+    _admit(swarm, rogue, keys.stranger, "QmStranger")
+    admitted = Admitted(swarm, _pub(keys.host))
+    assert admitted.learners() == {} and not admitted.admits_peer("QmStranger")
+    assert "not signed by this run's coordinator" in next(iter(admitted.refused.values()))
+
+
+def test_announcements_count_only_from_admitted_learners_and_the_coordinators_v0(keys):
+    swarm = _Swarm(keys.host)
+    _admit(swarm, admission.issue_credential(keys.host, RUN), keys.learner, "QmLearner")
+    _announce(swarm, keys.host, 0, SHA[0], "QmHost")
+    _announce(swarm, keys.learner, 5, SHA[5], "QmLearner", SHA[4])
+    _announce(swarm, keys.stranger, 1005, SHA[9], "QmStranger", SHA[8])  # the takeover the issue describes
+    admitted = Admitted(swarm, _pub(keys.host), SHA[0])
+    assert newest_announcement(announcements(swarm)).version == 1005, "unfiltered, the stranger would win"
+    found = newest_announcement(announcements(swarm, admitted))
+    assert (found.version, found.sha256) == (5, SHA[5])
+    assert sorted(r.version for _, r in announcements(swarm, admitted)) == [0, 5]
+    assert any("v1005" in why for why in admitted.refused.values()), "status can name what was refused"
+    # the coordinator's key may announce v0 (and only the manifest's v0), nothing later
+    _announce(swarm, keys.host, 7, SHA[7], "QmHost", SHA[6])
+    assert sorted(r.version for _, r in announcements(swarm, admitted)) == [5]
+
+
+def test_an_admitted_key_cannot_announce_for_another_peer(keys):
+    swarm = _Swarm(keys.host)
+    _admit(swarm, admission.issue_credential(keys.host, RUN), keys.learner, "QmLearner")
+    _announce(swarm, keys.learner, 3, SHA[3], "QmSomeoneEse", SHA[2])
+    admitted = Admitted(swarm, _pub(keys.host), SHA[0])
+    assert announcements(swarm, admitted) == []
+
+
+def test_a_learner_admitted_after_the_last_read_is_found_and_reads_stay_rate_limited(keys):
+    swarm = _Swarm(keys.host)
+    admitted = Admitted(swarm, _pub(keys.host), refresh=60.0)
+    assert admitted.learners() == {}
+    _admit(swarm, admission.issue_credential(keys.host, RUN), keys.learner, "QmLate")
+    reads = swarm.reads
+    assert not admitted.admits_peer("QmLate"), "read under a second ago: not read again"
+    assert swarm.reads == reads
+    admitted._read_at -= 1.5
+    assert admitted.admits_peer("QmLate"), "an unknown peer makes it read again (at most once a second)"
+    for _ in range(50):
+        admitted.admits_peer("QmNobody")
+    assert swarm.reads <= reads + 2
+
+
+def test_a_learner_record_fits_the_dht_and_its_schema(keys):
+    from peer.protocol import MAX_DHT_VALUE_BYTES
+
+    credential = admission.issue_credential(keys.host, RUN, "x" * admission.MAX_NAME)
+    record = admission.learner_record(credential, _Swarm(keys.learner, "Qm" + "z" * 50))
+    assert isinstance(record, LearnerRecord) and len(to_dht_value(record)) < MAX_DHT_VALUE_BYTES // 16
+    with pytest.raises(ValueError):
+        LearnerRecord(peer_id="QmX", certificate=b"", binding=b"\0" * 64, created=0.0)
+
+
+def test_pushes_go_only_to_learners_whose_heartbeat_signer_is_admitted(keys):
+    from peer.network.heartbeat import Reachable
+    from peer.protocol import PeerRecord, peers_key
+
+    swarm = _Swarm(keys.host)
+    _admit(swarm, admission.issue_credential(keys.host, RUN), keys.learner, "QmLearner")
+    now = time.time()
+    for key, peer_id in ((keys.learner, "QmLearner"), (keys.stranger, "QmFake")):
+        beat = PeerRecord(
+            peer_id=peer_id,
+            role="learner",
+            adapter_version=3,
+            throughput=0.0,
+            hardware="x",
+            reachable=True,
+            maddrs=[],
+            started=now,
+            last_seen=now,
+            state="running",
+            stats={},
+        )
+        swarm.records.setdefault(peers_key(RUN), {})[owner_subkey(_pub(key))] = to_dht_value(beat)
+    assert set(Reachable(swarm, "learner")()) == {"QmLearner", "QmFake"}, "a heartbeat alone is a claim"
+    assert Reachable(swarm, "learner", admitted=Admitted(swarm, _pub(keys.host)))() == ("QmLearner",)
+
+
+def test_a_version_whose_blob_does_not_load_is_refused_once_and_never_fetched_again(keys, tmp_path):
+    from peer.roles.adapters import AdapterFollower
+
+    swarm = _Swarm(keys.host)
+    _admit(swarm, admission.issue_credential(keys.host, RUN), keys.learner, "QmLearner")
+    _announce(swarm, keys.learner, 4, SHA[4], "QmLearner", SHA[3])
+    fetched = []
+
+    class Blobs:  # serves the announced bytes (junk: what an admitted learner's bug could announce)
+        def fetch(self, sha, size, providers, **_):
+            fetched.append(sha)
+            (tmp_path / sha).write_bytes(b"junk")
+            return tmp_path / sha
+
+    follower = AdapterFollower(
+        swarm, Blobs(), 3, admitted=Admitted(swarm, _pub(keys.host)), check=lambda blob: "is not valid safetensors"
+    )
+    follower.poll()
+    assert follower.take() is None and SHA[4] in follower.refused and fetched == [SHA[4]]
+    follower.poll()
+    assert fetched == [SHA[4]], "a refused version is not fetched again"
+    _announce(swarm, keys.learner, 5, SHA[5], "QmLearner", SHA[4])
+    follower.check = lambda blob: None
+    follower.poll()
+    assert follower.take()[0].version == 5, "the next good version is taken"
+
+
+def test_an_adapter_whose_size_is_not_the_runs_is_refused_before_any_fetch(keys):
+    swarm = _Swarm(keys.host)
+    _admit(swarm, admission.issue_credential(keys.host, RUN), keys.learner, "QmLearner")
+    _announce(swarm, keys.learner, 3, SHA[3], "QmLearner", SHA[2])  # size 100
+    admitted = Admitted(swarm, _pub(keys.host), SHA[0])
+    admitted.adapter_size = 100
+    assert [r.version for _, r in announcements(swarm, admitted)] == [3]
+    admitted.adapter_size = 29680  # the bundled model's r=8 adapter, say: a 100-byte claim cannot be it
+    assert announcements(swarm, admitted) == []
+    assert any("100 bytes" in why for why in admitted.refused.values())

@@ -1,0 +1,65 @@
+"""A stranger on a public swarm tries to take the lineage over (tests/procs/usurper.py), against real processes.
+
+The run: a host, one rollout peer and one learner admitted by the host's credential. The stranger has no
+credential of the host's: it publishes an admission under a coordinator of its own making, announces a junk
+adapter 1000 versions ahead (sha256 matching), heartbeats as a learner whose team "leads at v10**6", asks the
+learner for work, and announces a well-formed adapter of random weights. What must hold: no process exits, the
+learner keeps making versions (it neither follows nor takes the stranger as a helper), nobody samples or trains
+with the stranger's adapters, and ``hivegrpo status`` names the stranger as refused.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.swarm_helpers import join_args, learn_args, read_ledger, start_host, status, wait_until
+
+pytestmark = pytest.mark.integration
+
+USURPER = str(Path(__file__).parent / "procs" / "usurper.py")
+
+
+@pytest.mark.timeout(300)
+def test_a_stranger_cannot_announce_versions_lead_the_team_or_help_it(tmp_path, procs):
+    host, info = start_host(procs, tmp_path, "strangers", "--groups-per-version", "4")
+    rollout_ledger, ledger = tmp_path / "rollout.jsonl", tmp_path / "learner.jsonl"
+    rollout = procs.start(
+        "rollout", "join", *join_args(info), "--cache-dir", str(tmp_path / "r"), "--batch-size", "4",
+        "--ledger", str(rollout_ledger),
+    )  # fmt: skip
+    learner = procs.start(
+        "learner", "learn", *learn_args(info), "--cache-dir", str(tmp_path / "l"), "--ledger", str(ledger)
+    )
+    wait_until(lambda: len(read_ledger(ledger)) >= 3, "the learner's first 3 versions", 180, [learner, rollout])
+
+    out = tmp_path / "usurper.json"
+    peers = [a for m in info["initial_peers"] for a in ("--initial-peers", m)]
+    usurper = procs.start_argv(
+        "usurper", [USURPER, str(out), "--run-id", info["run_id"], "--coordinator",
+                    info["coordinator"], *peers, "--hold", "20"],
+    )  # fmt: skip
+    wait_until(out.exists, "the stranger's report", 150, [usurper, learner, rollout])
+    report = json.loads(out.read_text())
+    attacked_at = len(read_ledger(ledger))  # lines: versions made, and groups used up without signal
+    assert report["announced"] == [report["newest_seen"] + 1000, report["newest_seen"] + 1001], report
+    wait_until(
+        lambda: len(read_ledger(ledger)) >= attacked_at + 5,
+        "5 more versions after the attack",
+        120,
+        [learner, rollout],
+    )
+
+    assert all(p.poll() is None for p in (host, rollout, learner)), "a stranger's announcement made a peer exit"
+    made = [line["version"] for line in read_ledger(ledger) if not line.get("no_signal")]
+    assert made == list(range(1, len(made) + 1)) and max(made) < 1000, "the learner's lineage went on, its own"
+    swaps = [line for line in read_ledger(rollout_ledger) if line.get("kind") == "swap"]
+    assert swaps and max(s["version"] for s in swaps) < 1000, "the rollout peer sampled with a stranger's adapter"
+    assert report["work_answers"], "the stranger found the learner to ask"
+    for answer in report["work_answers"].values():
+        assert "not an admitted learner" in str(answer), answer  # the rpc layer raises the answer's error
+    seen = status(info["run_id"], info["initial_peers"], "--coordinator", info["coordinator"])
+    refused = {r["fingerprint"]: r["why"] for r in seen["refused"]}
+    assert report["fingerprint"] in refused, seen["refused"]
+    assert seen["adapter_version"] < 1000, "status shows the lineage, not the stranger's claim"
+    assert all(p["fingerprint"] != report["fingerprint"] for p in seen["peers"]), "its learner claim is not listed"
