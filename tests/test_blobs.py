@@ -24,6 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIG = 50 * 2**20
 SMALL = 3 * 2**20 + 12345  # several chunks, the last one partial
+DRIP_DELAY = 2.0  # s between two chunks of the dripping provider: under the per-chunk timeout the tests use
 DHT_KW = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False, use_auto_relay=False, start=True)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -37,11 +38,11 @@ def serve(config: dict) -> None:
     and serve until SIGTERM or until this process's parent is gone."""
     import hivemind
 
-    from peer.network.blobs import BlobCache, BlobService, flip_bytes, truncate_after
+    from peer.network.blobs import BlobCache, BlobService, drip, flip_bytes, truncate_after
 
     stop = threading.Event()
     parent = os.getppid()
-    transforms = {None: None, "flip": flip_bytes, "truncate": truncate_after(SMALL // 2)}
+    transforms = {None: None, "flip": flip_bytes, "truncate": truncate_after(SMALL // 2), "drip": drip(DRIP_DELAY)}
     dhts, services, out = [], [], {}
     try:
         for name, spec in config["peers"].items():
@@ -128,6 +129,7 @@ def swarm(tmp_path_factory):
             "corrupt": {"blobs": [files["small"]], "transform": "flip"},
             "truncated": {"blobs": [files["small"]], "transform": "truncate"},
             "private": {"blobs": [files["small"]], "deny": True},
+            "dripping": {"blobs": [files["small"]], "transform": "drip"},
         },
     }
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -262,6 +264,26 @@ def test_unreachable_provider_times_out_and_the_next_one_is_used(swarm, cache, c
     assert path.read_bytes() == data
     assert time.monotonic() - start < 30
     assert any(str(nobody) in r.getMessage() for r in caplog.records if "failed to deliver" in r.getMessage())
+
+
+def test_a_dripping_provider_is_dropped_at_its_deadline_and_the_next_one_used(swarm, cache, caplog, monkeypatch):
+    from peer.network import blobs_fetch
+    from peer.network.blobs import fetch_blob
+
+    data = swarm["blobs"]["small"]  # 4 chunks, DRIP_DELAY apart: ~8 s from the dripping provider, never silent 3 s
+    monkeypatch.setattr(blobs_fetch, "MIN_RATE", 1 << 20)  # a deadline of 3 + 3.0 s for this blob
+    start = time.monotonic()
+    path = swarm["service"].run_coroutine(
+        lambda p2p: fetch_blob(
+            p2p, _sha(data), len(data), [swarm["peers"]["dripping"], swarm["peers"]["good"]], cache, timeout=3,
+            shuffle=False,
+        )
+    )  # fmt: skip
+    assert path.read_bytes() == data
+    took = time.monotonic() - start
+    assert took < 4 * DRIP_DELAY, f"waited out the whole drip ({took:.1f} s)"
+    reasons = [r.getMessage() for r in caplog.records if "failed to deliver" in r.getMessage()]
+    assert any(str(swarm["peers"]["dripping"]) in m and "too slow" in m for m in reasons), reasons
 
 
 def test_range_read(swarm):

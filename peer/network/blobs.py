@@ -14,7 +14,7 @@ docs/blobs.md describes the wire format, the cache layout and the measured throu
 from peer.network.blobs_cache import BlobCache, PendingBlob, check_sha256, sha256_file
 from peer.network.blobs_errors import BlobCorrupt, BlobUnavailable
 from peer.network.blobs_fetch import ProviderFailed, fetch_blob, read_blob_range
-from peer.network.blobs_server import BlobServer, ServerStats, allow_all, flip_bytes, truncate_after
+from peer.network.blobs_server import BlobServer, ServerStats, allow_all, drip, flip_bytes, truncate_after
 from peer.network.blobs_service import BlobService
 from peer.network.blobs_wire import CHUNK_SIZE, PROTOCOL
 
@@ -32,6 +32,7 @@ __all__ = [
     "allow_all",
     "check_sha256",
     "fetch_blob",
+    "drip",
     "flip_bytes",
     "read_blob_range",
     "sha256_file",

@@ -4,7 +4,10 @@ Order of sources: the local cache first; then the providers in random order (so 
 many providers), skipping this peer itself. Each provider gets one attempt: its stream is written into a
 temporary file while being hashed (in a worker thread, overlapping the next network read), and the attempt is
 rejected on an error answer, an announced size other than the expected one, too many or too few bytes, a sha256
-mismatch, or ``timeout`` seconds without progress. Rejections are logged with the provider and the reason; the
+mismatch, ``timeout`` seconds without progress, or a transfer slower than ``MIN_RATE`` over the whole blob (a
+provider that answers and then drips a byte now and then would otherwise hold a fetch for ever: every attempt has
+a deadline of ``timeout + size / MIN_RATE``). At most ``MAX_PROVIDERS_TRIED`` providers are asked, so one fetch
+ends within their deadlines whatever the providers do. Rejections are logged with the provider and the reason; the
 partial file is deleted, so nothing unverified ever becomes visible in the cache. When every provider failed,
 ``BlobUnavailable`` says what each one did.
 """
@@ -36,6 +39,13 @@ logger = get_logger(__name__)
 
 Progress = Callable[[int, int], None]
 DEFAULT_TIMEOUT = 30.0
+MIN_RATE = 128 * 1024  # bytes/s a provider must average over a whole blob (a 1 GiB model file: 2.3 h at worst)
+MAX_PROVIDERS_TRIED = 8  # providers one fetch asks at most
+
+
+def attempt_deadline(size: int, timeout: float) -> float:
+    """Seconds one provider gets for a blob of ``size`` bytes: ``timeout`` plus the time at ``MIN_RATE``."""
+    return timeout + size / MIN_RATE
 
 
 class ProviderFailed(Exception):
@@ -80,12 +90,23 @@ async def fetch_blob(
     order = [p for p in dict.fromkeys(providers) if p != p2p.peer_id]
     if shuffle:
         random.shuffle(order)
+    order = order[:MAX_PROVIDERS_TRIED]
+    deadline = attempt_deadline(size, timeout)
     failures: list[str] = []
     for peer in order:
         try:
             with cache.incoming(sha256, size) as pending:
                 request = BlobRequest(sha256, 0, size, invite)
-                await _receive(p2p, peer, request, pending, progress, timeout, protocol, size)
+                receiving = _receive(p2p, peer, request, pending, progress, timeout, protocol, size)
+                started = loop.time()
+                try:
+                    await asyncio.wait_for(receiving, deadline)
+                except TimeoutError:
+                    if loop.time() - started < deadline:
+                        raise  # silent for ``timeout`` s (between two chunks): said below
+                    raise ProviderFailed(
+                        f"was too slow: not done after {deadline:.0f} s (under {MIN_RATE // 1024} KiB/s on average)"
+                    ) from None
                 path = pending.commit()
         except ProviderFailed as e:
             reason = str(e)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from hivemind.p2p import P2P, PeerID
@@ -34,9 +35,10 @@ logger = get_logger(__name__)
 
 Authorize = Callable[[PeerID, "str | None"], "str | None"]
 """``(remote peer id, the invite its request carries) -> None`` to serve it, or the reason it is refused."""
-ChunkTransform = Callable[[int, bytes], "bytes | None"]
+ChunkTransform = Callable[[int, bytes], "bytes | None | Awaitable[bytes | None]"]
 """Fault injection, for tests and benchmarks only: ``(offset, chunk) -> bytes to send instead``, or None to drop
-the stream right there without the end frame (a truncation, like a peer that died mid-transfer)."""
+the stream right there without the end frame (a truncation, like a peer that died mid-transfer); it may be a
+coroutine function (a slow provider)."""
 
 
 def allow_all(peer_id: PeerID, invite: str | None) -> str | None:
@@ -55,6 +57,17 @@ def truncate_after(n_bytes: int) -> ChunkTransform:
 
     def transform(offset: int, chunk: bytes) -> bytes | None:
         return chunk[: n_bytes - offset] if offset < n_bytes else None
+
+    return transform
+
+
+def drip(delay: float) -> ChunkTransform:
+    """A ChunkTransform that sends every chunk whole but ``delay`` seconds apart: a provider that answers and then
+    trickles, never silent long enough for the per-chunk timeout (tests only)."""
+
+    async def transform(offset: int, chunk: bytes) -> bytes:
+        await asyncio.sleep(delay)
+        return chunk
 
     return transform
 
@@ -210,6 +223,8 @@ class BlobServer:
             if not chunk:
                 raise OSError(f"blob file shrank while being served (at byte {offset})")
             payload = self.transform(offset, chunk)
+            if inspect.isawaitable(payload):
+                payload = await payload
             if payload is None:
                 return False
             if payload:

@@ -50,6 +50,7 @@ from peer.protocol import (
 
 logger = get_logger(__name__)
 
+FETCH_WORKERS = 4  # a learner's threads fetching group blobs (each transfer bounded by its deadline)
 NETWORK_EVERY = 1.0  # s between a learner's network reads of a bucket; rollout peers push entries to it between
 GroupId = tuple[bytes, int, int]  # (owner public key, version, seq)
 
@@ -146,8 +147,13 @@ class DHTBucketStore(BucketStore):
         wide_every: float = 5.0,
         push_to=None,
         network_every: float = 0.0,
+        fetch_workers: int = 0,
         clock=time.monotonic,
     ):
+        """``fetch_workers`` > 0: group blobs are fetched on that many threads, off the reader's path — a
+        :meth:`fetch` returns the inline entries at once and the blobs that arrived since its last call (a provider
+        that drips holds one worker until its deadline, not the reader); each blob is removed from the cache once
+        read (this peer does not serve other producers' groups). 0: fetched in the call, and kept."""
         self.swarm = swarm
         self.store_attempts = store_attempts
         self.blobs = blobs
@@ -160,6 +166,9 @@ class DHTBucketStore(BucketStore):
         self._clock = clock
         self._network_at: dict[int, float] = {}  # version -> when its bucket was last read from the network
         self._wide_at: dict[int, float] = {}  # version -> when a read of its bucket last searched wide
+        self.fetch_workers = fetch_workers
+        self._pool = None
+        self._inflight: dict[GroupId, object] = {}  # first id of a pointer entry being fetched -> its future
 
     def publish(self, group: GroupRecord) -> None:
         self.publish_many([group])
@@ -211,7 +220,7 @@ class DHTBucketStore(BucketStore):
     def fetch(
         self, min_version: int, max_version: int, seen: Container[GroupId] = (), skip: Container[bytes] = ()
     ) -> list[Fetched]:
-        out = []
+        out = self._arrived(seen) if self.fetch_workers else []
         for version in _versions(min_version, max_version):
             for subkey, item in self._entries(version).items():
                 try:
@@ -223,8 +232,43 @@ class DHTBucketStore(BucketStore):
                 count = _count_of(item.value)
                 if all((owner, v, seq + i) in seen for i in range(count)):
                     continue
+                if self.fetch_workers and _is_pointer(item.value):
+                    self._submit(owner, v, seq, item.value)
+                    continue
                 out.extend(f for f in self._read(owner, v, seq, item.value) if f.id not in seen)
         return out
+
+    MAX_INFLIGHT_PER_WORKER = 4
+
+    def _submit(self, owner: bytes, version: int, seq: int, value) -> None:
+        """Fetch a pointer entry's blob on a worker (once; at most ``MAX_INFLIGHT_PER_WORKER`` per worker queued:
+        beyond, the entry is left for a later read)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        key = (owner, version, seq)
+        if key in self._inflight or len(self._inflight) >= self.MAX_INFLIGHT_PER_WORKER * self.fetch_workers:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.fetch_workers, thread_name_prefix="group-blob")
+        self._inflight[key] = self._pool.submit(self._read, owner, version, seq, value, evict=True)
+
+    def _arrived(self, seen: Container[GroupId]) -> list[Fetched]:
+        """What the workers fetched since the last call (a worker's error is a refusal of the entry's groups)."""
+        out = []
+        for key, future in list(self._inflight.items()):
+            if not future.done():
+                continue
+            del self._inflight[key]
+            try:
+                out.extend(f for f in future.result() if f.id not in seen)
+            except Exception as e:  # noqa: BLE001 - the network boundary: refuse the entry's groups, say why
+                out.extend(f for f in _refused(*key, 1, f"group blob unreadable: {e}") if f.id not in seen)
+        return out
+
+    def close(self) -> None:
+        """Stop the fetch workers (those on a transfer end at its deadline)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def count(self, min_version: int, max_version: int) -> int:
         """Groups in the range by the entries' counts alone: no parsing, no blob fetch (cheap enough per batch)."""
@@ -259,7 +303,7 @@ class DHTBucketStore(BucketStore):
                     del seen[old]
         return {**self.swarm.get_dict(key, narrow=narrow), **local}
 
-    def _read(self, owner: bytes, version: int, seq: int, value) -> list[Fetched]:
+    def _read(self, owner: bytes, version: int, seq: int, value, evict: bool = False) -> list[Fetched]:
         count = _count_of(value)
         try:
             entry = from_dht_value(BucketEntry, value)
@@ -280,7 +324,12 @@ class DHTBucketStore(BucketStore):
         except (UserError, ValueError) as e:
             return _refused(owner, version, seq, entry.count, f"group blob unavailable: {e}")
         try:
-            batch = unpack(GroupBatch, path.read_bytes())
+            data = path.read_bytes()
+        finally:
+            if evict:  # used or refused, the learner is done with it: the cache holds no one else's groups
+                self.blobs.cache.remove(pointer.sha256)
+        try:
+            batch = unpack(GroupBatch, data)
         except RecordError as e:
             return _refused(owner, version, seq, entry.count, str(e))
         first = batch.groups[0]
@@ -299,6 +348,11 @@ def _label(subkey: bytes) -> str:
     """``version.seq`` of one of this peer's own entries, for messages."""
     _, version, seq = parse_group_subkey(subkey)
     return f"{version}.{seq}"
+
+
+def _is_pointer(value) -> bool:
+    """Whether a stored entry (not yet parsed) points to a blob."""
+    return isinstance(value, dict) and value.get("pointer") is not None
 
 
 def _count_of(value) -> int:

@@ -140,7 +140,7 @@ class LearnerPeer:
     # --- start-up --------------------------------------------------------------------------------------------------
 
     def start(self) -> LearnerPeer:
-        from peer.network.buckets import NETWORK_EVERY, DHTBucketStore
+        from peer.network.buckets import FETCH_WORKERS, NETWORK_EVERY, DHTBucketStore
 
         c = self.config
         self.session = s = open_session(c.session_config(), "learner", self._closers)
@@ -162,7 +162,8 @@ class LearnerPeer:
         if self._checkpoint_after_start:
             self.checkpoint()
         s.model.eval()
-        self.store = DHTBucketStore(s.swarm, s.blobs, network_every=NETWORK_EVERY)
+        self.store = DHTBucketStore(s.swarm, s.blobs, network_every=NETWORK_EVERY, fetch_workers=FETCH_WORKERS)
+        self._closers.add(self.store.close)
         self._closers.add(self.stop_fetcher)
         self.announcer = Announcer(s.swarm, s.blobs)
         self._closers.add(self.announcer.close)
