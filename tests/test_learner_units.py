@@ -97,6 +97,21 @@ def test_someone_elses_prompt_bans_and_another_lineages_version_is_only_refused(
     assert B in it2.banned
 
 
+def test_a_long_run_of_another_lineages_groups_bans_a_short_one_is_forgiven(setup):
+    from peer.roles.intake import STRIKE_UPDATES
+
+    it = intake(setup)
+    limit = STRIKE_UPDATES * it.batch * (setup.spec.staleness.tau_max + 1)
+    forked = changed(setup.groups[A][0], adapter_sha256=SHA1)
+    for seq in range(limit):  # a peer that kept sampling with a lost lineage's adapter, then caught up
+        assert it.add(entry(A, changed(forked, seq=1000 + seq)), 0).reason == "lineage"
+    assert A not in it.banned
+    assert it.add(entry(A, setup.groups[A][1]), 0) is None, "a verified group wipes the slate"
+    for seq in range(limit + 1):  # one that never does: a flood the learner reads and refuses for ever
+        it.add(entry(A, changed(forked, seq=5000 + seq)), 0)
+    assert A in it.banned and "not in this lineage" in it.banned[A]
+
+
 def test_groups_go_stale_in_the_pool(setup):
     it = intake(setup)
     for g in setup.groups[A][:4]:

@@ -16,7 +16,9 @@ with an in-memory bucket store. For each entry, in order:
    the signer's seed and seq, every reward recomputed): a refusal bans the signer — except an adapter version this
    learner does not know, refused as ``unknown_version`` (it may come from before a restart), and a version whose
    sha256 is not this lineage's, refused as ``lineage`` (made under a version of a learner that lost the lead):
-   both forgiven;
+   both forgiven — until a signer has more of them in a row (no verified group in between) than
+   ``STRIKE_UPDATES`` updates' worth of the staleness window: an honest peer follows the lineage within a few
+   batches, one that keeps sending such groups floods the learner and is banned;
 6. a sample (``check_rate``, drawn from this learner's private randomness, so a producer cannot predict it) waits
    for the caller to recompute its behaviour log-probs (:meth:`Intake.pending_checks` / :meth:`Intake.checked`);
    the rest are admitted to the pool.
@@ -54,6 +56,9 @@ from peer.roles.verify import Refused, check_group
 
 FORGIVEN = ("schema", "duplicate", "unknown_version", "lineage", "surplus")
 """Refusal reasons that do not ban the signer."""
+STRIKES = ("unknown_version", "lineage")
+"""Forgiven reasons that still count towards a ban when they come in a long run from one signer."""
+STRIKE_UPDATES = 4  # such refusals in a row that ban: this many times groups_per_version x (tau_max + 1)
 FORGET_MARGIN = 2  # versions beyond the window whose seqs are still remembered one by one
 FORGET_EVERY = 8  # versions between two passes that forget old seqs
 
@@ -110,6 +115,7 @@ class Intake:
         self.counts: Counter = Counter()  # ignored_banned, dropped_stale, checked, admitted
         self.rejected: Counter = Counter()  # reason -> groups
         self.rejected_by: Counter = Counter()  # signer -> groups refused
+        self.strikes: Counter = Counter()  # signer -> STRIKES refusals since its last verified group
         self._forgotten_at = 0  # the learner's version at the last forget()
 
     # --- reading ---------------------------------------------------------------------------------------------------
@@ -152,6 +158,7 @@ class Intake:
             return self._refuse(owner, refused)
         self.last_verified[owner] = max(group.version, self.last_verified.get(owner, -1))
         self.last_arrival[owner] = self.clock()
+        self.strikes.pop(owner, None)
         accepted = Accepted(owner, group)
         if self.check_rate and self.rng.random() < self.check_rate:
             self._pending.append(accepted)
@@ -177,6 +184,7 @@ class Intake:
     def ban(self, owner: bytes, reason: str) -> None:
         if owner not in self.banned:
             self.banned[owner] = reason
+            self.strikes.pop(owner, None)
             self.counts["purged"] += len(self.pool.pop(owner, []))
             self.last_verified.pop(owner, None)
             self.last_arrival.pop(owner, None)
@@ -284,6 +292,11 @@ class Intake:
         self.rejected_by[owner] += 1
         if refused.reason not in FORGIVEN:
             self.ban(owner, str(refused))
+        elif refused.reason in STRIKES:
+            self.strikes[owner] += 1
+            limit = STRIKE_UPDATES * self.batch * (self.spec.staleness.tau_max + 1)
+            if self.strikes[owner] > limit:
+                self.ban(owner, f"{self.strikes[owner]} groups in a row of versions not in this lineage ({refused})")
         return refused
 
     def _admit(self, accepted: Accepted) -> None:
