@@ -63,3 +63,45 @@ def test_a_stranger_cannot_announce_versions_lead_the_team_or_help_it(tmp_path, 
     assert report["fingerprint"] in refused, seen["refused"]
     assert seen["adapter_version"] < 1000, "status shows the lineage, not the stranger's claim"
     assert all(p["fingerprint"] != report["fingerprint"] for p in seen["peers"]), "its learner claim is not listed"
+
+
+FLOOD = str(Path(__file__).parent / "procs" / "identity_flood.py")
+
+
+@pytest.mark.timeout(420)
+def test_a_thousand_identities_flooding_one_bucket_leave_it_readable_and_the_run_learning(tmp_path, procs, reader):
+    from peer.network.quota import quota_stats
+    from peer.protocol import bucket_key
+
+    host, info = start_host(procs, tmp_path, "flood", "--groups-per-version", "4")
+    ledger = tmp_path / "learner.jsonl"
+    rollout = procs.start("rollout", "join", *join_args(info), "--cache-dir", str(tmp_path / "r"), "--batch-size", "4")
+    learner = procs.start(
+        "learner", "learn", *learn_args(info), "--cache-dir", str(tmp_path / "l"), "--ledger", str(ledger)
+    )
+    wait_until(lambda: len(read_ledger(ledger)) >= 2, "the learner's first versions", 180, [learner, rollout])
+    swarm, _ = reader(info["run_id"], info["initial_peers"])  # one of the run's nodes, with its quota
+    version = len(read_ledger(ledger)) + 1  # what the rollout peer samples with next: its bucket
+    out = tmp_path / "flood.json"
+    peers = [a for m in info["initial_peers"] for a in ("--initial-peers", m)]
+    flooder = procs.start_argv(
+        "flooder",
+        [FLOOD, str(out), "--run-id", info["run_id"], "--version", str(version), "--identities", "1000", *peers],
+    )
+    wait_until(out.exists, "the flood of 1,000 identities", 300, [flooder, learner, rollout])
+    flood = json.loads(out.read_text())
+    flooded_at = len(read_ledger(ledger))
+    wait_until(
+        lambda: len(read_ledger(ledger)) >= flooded_at + 3, "3 more versions after the flood", 120, [learner, rollout]
+    )
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    entries = swarm.get_dict(bucket_key(info["run_id"], version))
+    size = len(MSGPackSerializer.dumps({k: v.value for k, v in entries.items()}))
+    stats = swarm.dht.run_coroutine(quota_stats)
+    assert flood["sent"] >= 1000 and 0 < flood["taken"] < flood["sent"], flood
+    assert entries and size < 4 << 20, f"the flooded bucket must stay readable: {len(entries)} entries, {size} bytes"
+    assert stats["refused"].get(f"bucket_{version % 64}", 0) > 0, stats
+    assert all(p.poll() is None for p in (host, rollout, learner))
+    seen = status(info["run_id"], info["initial_peers"], "--coordinator", info["coordinator"])
+    assert seen["adapter_version"] >= flooded_at + 3

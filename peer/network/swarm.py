@@ -44,6 +44,7 @@ from typing import Any
 from peer.errors import UserError
 from peer.files import write_private
 from peer.log import get_logger
+from peer.network.quota import install as install_quota
 from peer.protocol import check_run_id, check_value_size
 
 logger = get_logger(__name__)
@@ -307,6 +308,7 @@ def join(config: NetworkConfig, run_id: str) -> Swarm:
     except Exception as e:
         raise SwarmJoinError(_join_failure(config, e)) from e
     dht.run_coroutine(_settle_dht_process)
+    dht.run_coroutine(partial(install_quota, run_id))  # what this node keeps of the run's keys is bounded
     swarm = Swarm(dht, run_id, signing_key, config, access)
     logger.info(
         "joined run %s as %s in %.1fs; others can join with --initial-peers %s",

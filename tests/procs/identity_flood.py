@@ -1,0 +1,111 @@
+"""Many signing identities flood one version's bucket with the largest inline entries the schema allows.
+
+Usage: python tests/procs/identity_flood.py OUT.json --run-id ID --version V --identities N --initial-peers MADDR...
+
+It joins the run's DHT (a plain hivemind node with the run's validators), makes ``N`` RSA keys (1024-bit: any size
+verifies, and they are quick to make), and for each one signs a schema-valid bucket entry of version ``V`` (one
+group of ~40 KB, inline) under that key's own subkey, then sends it straight to every node it knows (the DHT's
+own store request, no lookup), as a swarm of ``N`` peers would. It writes ``{"sent", "taken", "identities",
+"seconds"}`` to ``OUT.json`` (``taken``: stores some node accepted) and exits 0.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def entry_value(version: int, producer: str) -> dict:
+    from peer.protocol import BucketEntry, Completion, GroupRecord, encode_tokens, to_dht_value
+
+    group = GroupRecord(
+        version=version,
+        adapter_sha256="0" * 64,
+        producer=producer,
+        seq=0,
+        task_seed=0,
+        task_index=0,
+        prompt_ids=encode_tokens([1] * 2000),
+        completions=[Completion.of([1] * 1000, [-0.5] * 1000) for _ in range(4)],
+        rewards=[0.0] * 4,
+        created=time.time(),
+    )
+    return to_dht_value(BucketEntry.of_group(group))
+
+
+async def flood(run_id: str, version: int, n: int, value: dict, _dht, node) -> dict:
+    import asyncio
+
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from hivemind.dht.crypto import DHTRecord, RSASignatureValidator
+    from hivemind.dht.routing import DHTID
+    from hivemind.utils import get_dht_time
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from peer.protocol import bucket_key, group_subkey
+
+    key_id = DHTID.generate(source=bucket_key(run_id, version))
+    peers = list(node.protocol.routing_table.uid_to_peer_id.values())
+    serializer = node.protocol.serializer
+    value_bytes = serializer.dumps(value)
+    sent = taken = 0
+    for _ in range(n):
+        key = RSAPrivateKey.__new__(RSAPrivateKey)
+        key._private_key = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+        subkey = group_subkey(key.get_public_key().to_bytes(), version, 0)
+        expiration = get_dht_time() + 600
+        record = DHTRecord(key_id.to_bytes(), serializer.dumps(subkey), value_bytes, expiration)
+        signed = RSASignatureValidator(key).sign_value(record)
+        answers = await asyncio.gather(
+            *(
+                node.protocol.call_store(
+                    peer, keys=[key_id], values=[signed], expiration_time=[expiration], subkeys=[subkey]
+                )
+                for peer in peers
+            )
+        )
+        sent += len(peers)
+        taken += sum(1 for a in answers if a and a[0])
+    return {"sent": sent, "taken": taken, "peers": len(peers)}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--version", type=int, required=True)
+    parser.add_argument("--identities", type=int, default=1000)
+    parser.add_argument("--initial-peers", action="append", required=True)
+    args = parser.parse_args()
+
+    import hivemind
+
+    from peer.network.swarm import load_signing_key
+    from peer.protocol.validators import make_validators
+
+    dht = hivemind.DHT(
+        initial_peers=args.initial_peers,
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        use_relay=False,
+        use_auto_relay=False,
+        record_validators=make_validators(args.run_id, load_signing_key(None)),
+        start=True,
+    )
+    try:
+        start = time.perf_counter()
+        value = entry_value(args.version, dht.peer_id.to_base58())
+        result = dht.run_coroutine(partial(flood, args.run_id, args.version, args.identities, value))
+        result.update(identities=args.identities, seconds=time.perf_counter() - start)
+        Path(args.out).write_text(json.dumps(result))
+    finally:
+        dht.shutdown()
+
+
+if __name__ == "__main__":
+    main()
