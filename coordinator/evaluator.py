@@ -71,7 +71,10 @@ class HostEvaluator:
                 return str(e)
             return None
 
-        self.follower = AdapterFollower(self.swarm, self.blobs, 0, admitted=self.admitted, check=check).start()
+        held = self.admitted.adapter0_sha256 if self.admitted is not None else ""
+        self.follower = AdapterFollower(
+            self.swarm, self.blobs, 0, admitted=self.admitted, check=check, held_sha=held
+        ).start()
         try:
             self._measure(model, base.tokenizer, task, load_adapter_bytes, exact_match)
         finally:
@@ -95,7 +98,7 @@ class HostEvaluator:
                     return
             found, blob = ready
             load_adapter_bytes(model, blob, found.sha256)
-            self.follower.mark_held(found.version)
+            self.follower.mark_held(found.version, found.sha256)
             version = found.version
 
     def stop(self) -> None:

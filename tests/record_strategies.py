@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from peer.protocol import keys
 from peer.protocol.codec import MAX_TOKEN_ID
 from peer.protocol.limits import (
+    MAX_ANCESTORS,
     MAX_BANNED,
     MAX_BLOB_BYTES,
     MAX_COMPLETION_TOKENS,
@@ -207,10 +208,12 @@ def adapters(draw) -> AdapterRecord:
     version = draw(counts)
     sha = draw(sha256s)
     parent = "" if version == 0 else draw(sha256s.filter(lambda other: other != sha))
+    older = draw(st.lists(sha256s, max_size=min(MAX_ANCESTORS, version) - 1)) if version else []
     return AdapterRecord(
         version=version,
         sha256=sha,
         parent_sha256=parent,
+        ancestors=[parent, *older] if version else [],
         size=draw(st.integers(1, MAX_BLOB_BYTES)),
         providers=draw(sized(peer_ids, MAX_PROVIDERS, min_size=1, distinct=distinct_peer_id)),
         created=draw(timestamps),
@@ -592,6 +595,20 @@ ADAPTER = Kind(
         "sha256": _set(("sha256",), bad_hex),
         "parent sha256": lambda d, draw: d["version"] > 0 and _set(("parent_sha256",), bad_hex)(d, draw),
         "lineage": _lineage,
+        "ancestors not from the parent": lambda d, draw: (
+            d["version"] > 0 and d.update(ancestors=[draw(sha256s.filter(lambda s: s != d["parent_sha256"]))]) is None
+        ),
+        "more ancestors than versions": lambda d, draw: (
+            d.update(
+                version=1,
+                ancestors=[d["parent_sha256"] or "a" * 64, "b" * 64],
+                parent_sha256=d["parent_sha256"] or "a" * 64,
+            )
+            is None
+        ),
+        "too many ancestors": lambda d, draw: (
+            d.update(version=MAX_INT, parent_sha256="a" * 64, ancestors=["a" * 64] * (MAX_ANCESTORS + 1)) is None
+        ),
         "size": _set(("size",), lambda _: st.integers(-(2**63), 0) | st.integers(MAX_BLOB_BYTES + 1, 2**64 - 1)),
         **_providers(("providers",)),
         "negative created": _set(("created",), lambda _: negative_floats()),

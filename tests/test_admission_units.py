@@ -60,6 +60,7 @@ def _announce(swarm, signer_key, version, sha, learner, parent=""):
         version=version,
         sha256=sha,
         parent_sha256=parent if version else "",
+        ancestors=[parent] if version else [],
         size=100,
         providers=[learner],
         created=time.time(),
@@ -239,3 +240,40 @@ def test_an_adapter_whose_size_is_not_the_runs_is_refused_before_any_fetch(keys)
     admitted.adapter_size = 29680  # the bundled model's r=8 adapter, say: a 100-byte claim cannot be it
     assert announcements(swarm, admitted) == []
     assert any("100 bytes" in why for why in admitted.refused.values())
+
+
+def _record(version, sha, ancestors, learner="QmLearner"):
+    return AdapterRecord(
+        version=version,
+        sha256=sha,
+        parent_sha256=ancestors[0] if ancestors else "",
+        ancestors=ancestors,
+        size=100,
+        providers=[learner],
+        created=time.time(),
+        learner=learner,
+    )
+
+
+def test_a_descendant_wins_over_a_higher_version_of_another_lineage():
+    from peer.roles.adapters import descends
+
+    ours = _record(6, SHA[6], [SHA[5], SHA[4], SHA[3]])  # continues v3 = SHA[3], held here
+    theirs = _record(9, SHA[9], [SHA[8], SHA[7], SHA[12], SHA[11], SHA[10], SHA[14]])  # its v3 is not SHA[3]
+    assert descends(ours, 3, SHA[3]) is True and descends(theirs, 3, SHA[3]) is False
+    assert descends(_record(20, SHA[13], [SHA[14]]), 3, SHA[3]) is None, "too far ahead to tell"
+    records = [(b"a", ours), (b"b", theirs)]
+    assert newest_announcement(records).version == 9, "without what it holds, a peer takes the highest"
+    assert newest_announcement(records, held=(3, SHA[3])).sha256 == SHA[6]
+    # the held lineage abandoned by every announcer (a fork resolved among the learners): the newest is followed
+    assert newest_announcement([(b"b", theirs)], held=(3, SHA[3])).sha256 == SHA[9]
+
+
+def test_a_learner_announces_the_ancestors_of_its_lineage():
+    from peer.roles.learner_io import Announcer
+
+    announcer = Announcer.__new__(Announcer)
+    announcer.lineage = lambda: {0: SHA[0], 1: SHA[1], 2: SHA[2], 3: SHA[3]}
+    assert announcer._ancestors(4, SHA[3]) == [SHA[3], SHA[2], SHA[1], SHA[0]]
+    assert announcer._ancestors(4, SHA[9]) == [SHA[9]], "a parent its lineage does not hold: only the parent"
+    assert announcer._ancestors(0, "") == []

@@ -127,6 +127,7 @@ def adapter(**fields) -> AdapterRecord:
         version=3,
         sha256=SHA_A,
         parent_sha256=SHA_B,
+        ancestors=[SHA_B],
         size=29680,
         providers=[PEER_A, PEER_B],
         created=5.0,

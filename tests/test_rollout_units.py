@@ -191,11 +191,12 @@ def test_memory_store_publish_many_is_seen_group_by_group():
 # ---------------------------------------------------------------------------------------------------- adapters
 
 
-def announced(version, sha, *, providers, created, size=1000, parent=SHA_Z, learner=PEER_ID):
+def announced(version, sha, *, providers, created, size=1000, parent=SHA_Z, learner=PEER_ID, ancestors=None):
     record = AdapterRecord(
         version=version,
         sha256=sha,
         parent_sha256="" if version == 0 else parent,
+        ancestors=([] if version == 0 else [parent]) if ancestors is None else ancestors,
         size=size,
         providers=providers,
         created=created,

@@ -92,6 +92,7 @@ def adapter(version: int) -> AdapterRecord:
         version=version,
         sha256="b" * 64,
         parent_sha256="c" * 64 if version else "",
+        ancestors=["c" * 64] if version else [],
         size=100,
         providers=["QmLearner"],
         created=NOW - 1,

@@ -46,7 +46,7 @@ class Observer:
 
         self.session = s = open_session(self.config, "observer", self._closers)
         self.follower = AdapterFollower(
-            s.swarm, s.blobs, s.version, others=s.providers, admitted=s.admitted, check=s.check_adapter
+            s.swarm, s.blobs, s.version, others=s.providers, admitted=s.admitted, check=s.check_adapter, held_sha=s.sha
         ).start()
         self._closers.add(self.follower.stop)
         return self
@@ -62,7 +62,7 @@ class Observer:
             return False
         found, blob = ready
         self.session.swap(found.version, found.sha256, blob)
-        self.follower.mark_held(found.version)
+        self.follower.mark_held(found.version, found.sha256)
         return True
 
     def snapshot(self) -> Snapshot:

@@ -66,6 +66,7 @@ MAX_BANNED = 64  # key fingerprints a learner lists in its metrics (the most rec
 MAX_TALLIED = 128  # producers a learner's metrics count groups for (the most recent)
 MAX_HISTORY = 32  # reward means of a learner's most recent versions, in its metrics
 MAX_REVOKED = 1024  # invite ids a private run's revocation list holds
+MAX_ANCESTORS = 16  # sha256 of the versions before an announced one, newest first (a follower checks descent)
 MAX_CERTIFICATE_BYTES = 1024  # a learner's certificate from the coordinator (payload + RSA signature: ~400)
 MAX_OWNER_KEY_BYTES = 1024
 MAX_INT = 2**63 - 1

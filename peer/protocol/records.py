@@ -32,6 +32,7 @@ from peer.protocol.codec import (
     encode_tokens,
 )
 from peer.protocol.limits import (
+    MAX_ANCESTORS,
     MAX_BANNED,
     MAX_BLOB_BYTES,
     MAX_CERTIFICATE_BYTES,
@@ -263,11 +264,17 @@ class PeerRecord(_Record):
 
 
 class AdapterRecord(_Record):
-    """A learner's announcement of the newest adapter version it holds and serves."""
+    """A learner's announcement of the newest adapter version it holds and serves.
+
+    ``ancestors`` are the sha256 of the versions before it, newest first (``ancestors[0]`` is the parent), as far
+    back as the learner remembers (at most ``MAX_ANCESTORS``): a follower holding an older version checks that the
+    new one descends from it even when it skipped versions in between.
+    """
 
     version: Count
     sha256: Sha256
     parent_sha256: pydantic.constr(strict=True, regex=r"([0-9a-f]{64})?\Z")
+    ancestors: pydantic.conlist(Sha256, max_items=MAX_ANCESTORS)
     size: BlobSize
     providers: Providers
     created: Timestamp
@@ -281,6 +288,9 @@ class AdapterRecord(_Record):
             raise ValueError("parent_sha256 must be empty for version 0 and a sha256 for every later version")
         if values["parent_sha256"] == values["sha256"]:
             raise ValueError("an adapter cannot be its own parent")
+        ancestors = values["ancestors"]
+        if len(ancestors) > values["version"] or (ancestors and ancestors[0] != values["parent_sha256"]):
+            raise ValueError("ancestors must start with the parent and be at most as many as the versions before")
         return values
 
 

@@ -46,14 +46,16 @@ ANNOUNCEMENT_TTL = 600.0
 
 
 def announce_adapter(
-    swarm, blobs, version: int, blob: bytes, parent_sha256: str, ttl: float = ANNOUNCEMENT_TTL
+    swarm, blobs, version: int, blob: bytes, parent_sha256: str, ttl: float = ANNOUNCEMENT_TTL, ancestors=()
 ) -> AdapterRecord:
-    """Serve ``blob`` from this peer's cache and announce it as adapter ``version`` under this peer's subkey."""
+    """Serve ``blob`` from this peer's cache and announce it as adapter ``version`` under this peer's subkey;
+    ``ancestors``: the sha256 of the versions before it, newest first (the parent first), as far as known."""
     sha = blobs.cache.put_bytes(blob)
     record = AdapterRecord(
         version=version,
         sha256=sha,
         parent_sha256=parent_sha256,
+        ancestors=list(ancestors) or ([parent_sha256] if parent_sha256 else []),
         size=len(blob),
         providers=[str(swarm.peer_id)],
         created=time.time(),
@@ -102,9 +104,38 @@ def announcements(swarm, admitted=None) -> list[tuple[bytes, AdapterRecord]]:
     return out
 
 
-def newest_announcement(records: list[tuple[bytes, AdapterRecord]]) -> Announcement | None:
+def descends(record: AdapterRecord, held_version: int, held_sha: str) -> bool | None:
+    """Whether ``record`` descends from the version this peer holds: True, False (another lineage), or None (too
+    far ahead for its ancestors to tell, or not newer)."""
+    gap = record.version - held_version
+    if gap < 1 or held_version < 0:
+        return None
+    if gap == 1:
+        return record.parent_sha256 == held_sha
+    return record.ancestors[gap - 1] == held_sha if gap - 1 < len(record.ancestors) else None
+
+
+def newest_announcement(
+    records: list[tuple[bytes, AdapterRecord]], held: tuple[int, str] | None = None
+) -> Announcement | None:
+    """The highest version announced (the sha256 most signers announced for it). With ``held`` (version, sha256
+    this peer holds), a version that provably descends from it wins over any that provably does not: another
+    lineage is taken only once no announcement of a newer version continues the held one (every admitted learner
+    left it: a fork resolved among them)."""
     if not records:
         return None
+    if held is not None:
+        newer = [(k, r) for k, r in records if r.version > held[0]]
+        verdicts = [(k, r, descends(r, *held)) for k, r in newer]
+        kept = [(k, r) for k, r, d in verdicts if d is not False]
+        if kept and len(kept) < len(newer):
+            records = kept
+        elif newer and not kept:
+            logger.warning(
+                "every newer adapter announced is of another lineage than v%d (%s…) held here: following it",
+                held[0],
+                held[1][:12],
+            )
     top = max(r.version for _, r in records)
     by_sha: dict[tuple[str, int], list[AdapterRecord]] = defaultdict(list)
     for _, record in records:
@@ -182,6 +213,7 @@ class AdapterFollower:
         others: Callable[[], Sequence] | None = None,
         admitted=None,
         check: Callable[[bytes], str | None] | None = None,
+        held_sha: str = "",
     ):
         self.swarm = swarm
         self.blobs = blobs
@@ -192,6 +224,7 @@ class AdapterFollower:
         self.interval = interval
         self.fetch_timeout = fetch_timeout
         self.held_version = held_version
+        self.held_sha = held_sha  # what this peer holds at held_version ("" : unknown, no descent check)
         self.latest_seen: Announcement | None = None
         self.received = Received()  # adapter bytes fetched over the network
         self.fetches = 0  # adapter versions fetched
@@ -216,9 +249,10 @@ class AdapterFollower:
         self._wake.wait(timeout)
         self._wake.clear()
 
-    def mark_held(self, version: int) -> None:
+    def mark_held(self, version: int, sha: str = "") -> None:
         with self._lock:
-            self.held_version = max(self.held_version, version)
+            if version >= self.held_version:
+                self.held_version, self.held_sha = version, sha
 
     def stop(self) -> None:
         self._stop.set()
@@ -238,7 +272,9 @@ class AdapterFollower:
     def poll(self) -> None:
         """One look at the table (the thread calls this; tests may too)."""
         records = [(k, r) for k, r in announcements(self.swarm, self.admitted) if r.sha256 not in self.refused]
-        found = newest_announcement(records)
+        with self._lock:
+            held = (self.held_version, self.held_sha) if self.held_sha else None
+        found = newest_announcement(records, held)
         if found is None:
             return
         with self._lock:

@@ -165,7 +165,7 @@ class LearnerPeer:
         self.store = DHTBucketStore(s.swarm, s.blobs, network_every=NETWORK_EVERY, fetch_workers=FETCH_WORKERS)
         self._closers.add(self.store.close)
         self._closers.add(self.stop_fetcher)
-        self.announcer = Announcer(s.swarm, s.blobs)
+        self.announcer = Announcer(s.swarm, s.blobs, lineage=lambda: self.intake.known)
         self._closers.add(self.announcer.close)
         if s.version > 0:  # what it resumed from is served and announced by this learner too
             self.announcer.submit(s.version, s.blob, self.parent_sha, None)

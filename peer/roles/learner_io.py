@@ -8,6 +8,7 @@ import time
 
 from peer.log import get_logger
 from peer.protocol import MetricsRecord, metrics_key, owner_subkey, to_dht_value
+from peer.protocol.limits import MAX_ANCESTORS
 from peer.roles.adapters import announce_adapter
 
 logger = get_logger(__name__)
@@ -87,9 +88,10 @@ class Announcer:
     GATE_POLL = 0.01  # s between two looks at a closed gate
     GATE_FLUSH = 3.0  # s a flush waits for a closed gate before giving up on that submission
 
-    def __init__(self, swarm, blobs):
+    def __init__(self, swarm, blobs, lineage=None):
         self.swarm = swarm
         self.blobs = blobs
+        self.lineage = lineage  # () -> {version: sha256} of the learner's recent lineage (for ancestors)
         self.announced = -1
         self.failures = 0
         self._pending: tuple | None = None
@@ -130,6 +132,18 @@ class Announcer:
         since = self._blocked_since
         return 0.0 if since is None else time.monotonic() - since
 
+    def _ancestors(self, version: int, parent: str) -> list[str]:
+        """The sha256 of the versions before ``version``, newest first, from the lineage this learner holds —
+        only where it is this announcement's (its ``version - 1`` is ``parent``); else just the parent."""
+        known = self.lineage().copy() if self.lineage is not None else {}
+        if not parent or known.get(version - 1) != parent:
+            return [parent] if parent else []
+        out, v = [], version - 1
+        while v >= 0 and v in known and len(out) < MAX_ANCESTORS:
+            out.append(known[v])
+            v -= 1
+        return out
+
     def close(self) -> None:
         self.flush()
         self._stop.set()
@@ -164,7 +178,9 @@ class Announcer:
                     continue
             version, blob, parent, metrics, _ = pending
             try:
-                announce_adapter(self.swarm, self.blobs, version, blob, parent)
+                announce_adapter(
+                    self.swarm, self.blobs, version, blob, parent, ancestors=self._ancestors(version, parent)
+                )
                 self.announced, self._current, last = version, pending, time.monotonic()
                 if metrics is not None:
                     self.swarm.store(

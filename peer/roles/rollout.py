@@ -308,6 +308,7 @@ class RolloutPeer:
             others=self.session.providers,
             admitted=session.admitted,
             check=session.check_adapter,
+            held_sha=session.sha,
         ).start()
         self._closers.add(self.follower.stop)
         settle_process()  # no collector pauses, short GIL hold-ups for the sampler (docs/rollout.md)
@@ -376,7 +377,7 @@ class RolloutPeer:
         self.session.swap(version, sha, blob)
         self.stats["swaps"] += 1
         if self.follower is not None:
-            self.follower.mark_held(version)
+            self.follower.mark_held(version, sha)
         logger.info("now sampling with adapter v%d (%s…)", version, sha[:12])
         f = self.follower
         self._ledger(
