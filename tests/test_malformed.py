@@ -588,3 +588,22 @@ def test_prompt_not_matching_its_seed_is_refused_and_bans(sampled, case):
     }[case]()
     assert lie.prompt_ids != g.prompt_ids or (lie.task_seed, lie.task_index) != (g.task_seed, g.task_index)
     assert_banned(read_with_a_lie(sampled, ih.fetched(ih.M, lie)), "prompt")
+
+
+def test_a_blob_of_empty_lists_is_refused_before_it_is_built_in_memory():
+    import tracemalloc
+
+    import msgpack
+
+    from peer.protocol import GroupBatch, RecordError, unpack
+
+    bomb = msgpack.packb({"groups": [[[] for _ in range(1000)] for _ in range(1000)]})  # ~1 MB: a million lists
+    assert len(bomb) < 1_100_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(RecordError, match="lists and maps"):
+            unpack(GroupBatch, bomb)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak / 2**20:.1f} MiB allocated for a 1 MB blob"  # built whole: ~60 MiB

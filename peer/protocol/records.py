@@ -340,6 +340,7 @@ class GroupRecord(_Record):
     """
 
     max_packed_bytes: ClassVar[int] = MAX_GROUP_BYTES
+    max_containers: ClassVar[int] = 2 * MAX_GROUP_SIZE + 8  # the record, completions and rewards, each completion
 
     version: Count
     adapter_sha256: Sha256
@@ -371,6 +372,7 @@ class GroupBatch(_Record):
     """Groups of one version with consecutive seqs, as one bucket entry holds them (and a pointer's blob packs)."""
 
     max_packed_bytes: ClassVar[int] = MAX_GROUP_BATCH_BYTES
+    max_containers: ClassVar[int] = MAX_GROUPS_PER_ENTRY * (2 * MAX_GROUP_SIZE + 8) + 8
 
     groups: pydantic.conlist(GroupRecord, min_items=1, max_items=MAX_GROUPS_PER_ENTRY)
 

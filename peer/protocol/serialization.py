@@ -38,8 +38,20 @@ def unpack(cls: type[R], data: bytes) -> R:
     limit = getattr(cls, "max_packed_bytes", MAX_DHT_VALUE_BYTES)
     if len(data) > limit:
         raise RecordError(f"the packed {what} is {len(data)} bytes, over its {limit}-byte limit, so it is refused.")
+    count = _Containers(getattr(cls, "max_containers", MAX_CONTAINERS), what)
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            ext_hook=_refuse_ext,
+            list_hook=count,
+            object_hook=count,
+            max_array_len=MAX_ARRAY_LEN,
+            max_map_len=MAX_MAP_LEN,
+        )
+    except _TooMany as error:
+        raise RecordError(str(error)) from None
     except (ValueError, TypeError, msgpack.UnpackException) as error:
         detail = str(error) or type(error).__name__
         raise RecordError(f"the packed {what} is not valid msgpack ({detail}), so it is refused.") from None
@@ -80,6 +92,30 @@ def from_dht_value(cls: type[R], value: Any) -> R:
             "(e.g. 3.0 for an int), which the protocol does not allow; it is refused."
         )
     return record
+
+
+MAX_CONTAINERS = 1024  # arrays and maps in one packed record (a GroupBatch allows more: its max_containers)
+MAX_ARRAY_LEN = 1024  # the longest list of any record (MAX_REVOKED invite ids)
+MAX_MAP_LEN = 256  # the largest map of any record (MAX_TALLIED producers; records have ~20 fields)
+
+
+class _TooMany(ValueError):
+    pass
+
+
+class _Containers:
+    """Counts the arrays and maps msgpack builds: an empty one is 1 byte packed and ~60 in memory, so a blob of
+    them could make a reader allocate ~50x its size before any schema looks at it; past the record type's bound,
+    unpacking stops."""
+
+    def __init__(self, limit: int, what: str):
+        self.left, self.limit, self.what = limit, limit, what
+
+    def __call__(self, obj):
+        self.left -= 1
+        if self.left < 0:
+            raise _TooMany(f"the packed {self.what} holds over {self.limit} lists and maps, more than any valid one")
+        return obj
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
