@@ -230,7 +230,15 @@ class Host:
 
         status = read_status(self.swarm, self.fingerprint)
         me = str(self.swarm.peer_id)
-        maddrs = [m for p in status["peers"] if p["peer_id"] != me and p["state"] in LIVE for m in p["maddrs"]]
+        # a restart rejoins through these: only admitted learners (status lists no other learner), and only the
+        # addresses that name their own peer id — a stranger's heartbeat cannot point the host at its own swarm
+        maddrs = [
+            m
+            for p in status["peers"]
+            if p["role"] == "learner" and p["peer_id"] != me and p["state"] in LIVE
+            for m in p["maddrs"]
+            if m.endswith(f"/p2p/{p['peer_id']}")
+        ]
         if maddrs:
             self._save_known(maddrs[:KNOWN_PEERS])
         return status
