@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BIG = 50 * 2**20
 SMALL = 3 * 2**20 + 12345  # several chunks, the last one partial
 DRIP_DELAY = 2.0  # s between two chunks of the dripping provider: under the per-chunk timeout the tests use
-DHT_KW = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False, use_auto_relay=False, start=True)
+P2P_KW = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False, use_auto_relay=False)
+DHT_KW = dict(**P2P_KW, start=True)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -142,7 +143,8 @@ def swarm(tmp_path_factory):
         peers = {name: PeerID.from_base58(info["peer"]) for name, info in peers_info.items()}
         dht = hivemind.DHT(initial_peers=[m for info in peers_info.values() for m in info["maddrs"]], **DHT_KW)
         service = BlobService(dht, BlobCache(tmp / "parent"))
-        yield {"peers": peers, "blobs": blobs, "service": service, "tmp": tmp}
+        maddrs = {name: info["maddrs"] for name, info in peers_info.items()}
+        yield {"peers": peers, "maddrs": maddrs, "blobs": blobs, "service": service, "tmp": tmp}
     finally:
         if service is not None:
             service.close()
@@ -312,6 +314,81 @@ def test_concurrent_fetches_share_one_transfer(swarm, caplog):
         paths = list(pool.map(lambda _: service.fetch(_sha(data), len(data), [swarm["peers"]["good"]]), range(4)))
     assert len(set(paths)) == 1 and paths[0].read_bytes() == data
     assert len([r for r in caplog.records if r.getMessage().startswith("fetched blob")]) == 1
+
+
+def _with_other_peer(swarm, provider: str, scenario):
+    """Run ``scenario(p2p, other)`` on the service's event loop: ``p2p`` is the service's, ``other`` a second P2P
+    daemon of this process (another peer id) joined to the child's ``provider``, shut down at the end."""
+    from hivemind.p2p import P2P
+
+    async def run(p2p):
+        other = await P2P.create(initial_peers=swarm["maddrs"][provider], **P2P_KW)
+        try:
+            return await scenario(p2p, other)
+        finally:
+            await other.shutdown()
+
+    return swarm["service"].run_coroutine(run)
+
+
+def test_silent_streams_of_a_stranger_leave_the_provider_to_others(swarm, cache):
+    """A stranger opens 10 streams to a provider and never sends a request. They hold no serving slot (4 wait for
+    their request, the others are closed at once), so another peer's fetch is served at once, not after the
+    stranger's streams time out; the 4 are dropped at the request timeout."""
+    from peer.network.blobs import PROTOCOL, fetch_blob
+    from peer.network.blobs_server import MAX_WAITING_PER_PEER, REQUEST_TIMEOUT
+
+    data, good = swarm["blobs"]["small"], swarm["peers"]["good"]
+
+    async def scenario(p2p, stranger):
+        loop = asyncio.get_running_loop()
+        streams = [await stranger.call_binary_stream_handler(good, PROTOCOL) for _ in range(10)]
+        opened = loop.time()
+        closed = [asyncio.ensure_future(reader.read(1)) for _, reader, _ in streams]  # b"" when the server closes
+        try:
+            await asyncio.sleep(1)
+            closed_at_once = sum(c.done() for c in closed)
+            started = loop.time()
+            path = await fetch_blob(p2p, _sha(data), len(data), [good], cache, timeout=30)
+            took = loop.time() - started
+            assert path.read_bytes() == data
+            assert closed_at_once == 10 - MAX_WAITING_PER_PEER, "streams over the cap should be closed at once"
+            await asyncio.wait(closed, timeout=REQUEST_TIMEOUT + 5)
+            assert all(c.done() and c.result() == b"" for c in closed), "silent streams are dropped, unanswered"
+            return took, loop.time() - opened
+        finally:
+            for c in closed:
+                c.cancel()
+            for _, _, writer in streams:
+                writer.close()
+
+    took, all_closed = _with_other_peer(swarm, "good", scenario)
+    assert took < 10, f"the fetch waited {took:.1f} s behind the stranger's silent streams"
+    assert REQUEST_TIMEOUT - 1 < all_closed < REQUEST_TIMEOUT + 5, all_closed
+
+
+def test_one_peer_is_served_at_most_max_streams_per_peer_at_once(swarm):
+    """Four reads at once from one peer of a provider that takes 2 s a chunk: 2 are served, 2 answered "busy";
+    another peer is served meanwhile (the provider's other slots stay open to it)."""
+    from peer.network.blobs import ProviderFailed, read_blob_range
+    from peer.network.blobs_server import MAX_STREAMS_PER_PEER
+
+    data, dripping = swarm["blobs"]["small"], swarm["peers"]["dripping"]
+
+    async def scenario(p2p, other):
+        def read(client):
+            return read_blob_range(client, dripping, _sha(data), 0, 1, timeout=10)
+
+        mine = asyncio.gather(*[read(p2p) for _ in range(4)], return_exceptions=True)
+        theirs = asyncio.gather(read(other), return_exceptions=True)
+        return await mine, await theirs
+
+    mine, theirs = _with_other_peer(swarm, "dripping", scenario)
+    assert theirs == [data[:1]]
+    served = [o for o in mine if isinstance(o, bytes)]
+    refused = [str(o) for o in mine if isinstance(o, ProviderFailed)]
+    assert served == [data[:1]] * MAX_STREAMS_PER_PEER, mine
+    assert len(refused) == 4 - MAX_STREAMS_PER_PEER and all("the most one peer gets" in r for r in refused), mine
 
 
 def test_authorize_sees_the_requesting_peer_and_its_invite_and_a_full_server_says_busy(tmp_path):

@@ -8,10 +8,12 @@ import time
 import pytest
 
 from peer.errors import UserError
+from peer.network.access import MAX_INVITE_CHARS
 from peer.network.blobs_cache import BlobCache, check_sha256
 from peer.network.blobs_errors import BlobCorrupt
 from peer.network.blobs_wire import (
     MAX_HEADER,
+    MAX_REQUEST,
     BlobRequest,
     BlobResponse,
     ProtocolError,
@@ -233,5 +235,21 @@ def test_wire_refuses_oversized_or_garbage_frames():
         assert await read_chunk(_reader(b"\0\0\0\0")) == b""
         with pytest.raises(asyncio.IncompleteReadError):
             await read_chunk(_reader((10).to_bytes(4, "big") + b"short"))
+
+    asyncio.run(check())
+
+
+def test_the_largest_valid_request_fits_the_request_cap_and_a_larger_header_is_refused_unread():
+    import msgpack
+
+    largest = BlobRequest("ab" * 32, 2**64 - 1, 2**64 - 1, "x" * MAX_INVITE_CHARS).to_wire()
+    frame = msgpack.packb(largest, use_bin_type=True)
+    assert len(frame) <= MAX_REQUEST < MAX_HEADER
+
+    async def check():
+        assert await read_header(_reader(len(frame).to_bytes(4, "big") + frame), MAX_REQUEST) == largest
+        # only the length prefix is there: the cap is checked before any of the header is awaited
+        with pytest.raises(ProtocolError, match=f"exceeds {MAX_REQUEST}"):
+            await read_header(_reader((MAX_REQUEST + 1).to_bytes(4, "big")), MAX_REQUEST)
 
     asyncio.run(check())

@@ -36,7 +36,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from peer.log import get_logger
 from peer.network.blobs_cache import BlobCache
 from peer.network.blobs_fetch import DEFAULT_TIMEOUT, Progress, fetch_blob
-from peer.network.blobs_server import Authorize, BlobServer, ChunkTransform, allow_all
+from peer.network.blobs_server import MAX_STREAMS, Authorize, BlobServer, ChunkTransform, allow_all
 
 logger = get_logger(__name__)
 T = TypeVar("T")
@@ -57,6 +57,7 @@ class BlobService:
     :param access: a private swarm's :class:`~peer.network.access.Access`: served requests must carry a valid
       invite, and this peer's fetches carry its own (it replaces ``authorize``)
     :param transform: fault injection for tests and benchmarks only (see ``BlobServer``)
+    :param max_streams: requests served at once (see ``BlobServer`` for the other limits, per peer and per stream)
     :param start_timeout: seconds to wait for the replica and the handler registration
     """
 
@@ -68,7 +69,7 @@ class BlobService:
         serve: bool = True,
         authorize: Authorize = allow_all,
         transform: ChunkTransform | None = None,
-        max_streams: int = 8,
+        max_streams: int = MAX_STREAMS,
         start_timeout: float = 30.0,
         access=None,
     ):

@@ -10,8 +10,8 @@ Every frame is a 4-byte big-endian length followed by that many bytes: p2pd does
 
 ``size`` is the whole blob's size, ``length`` the number of bytes that follow (the requested range; ``length``
 None in a request means "to the end"). Both sides treat everything received as untrusted: headers are capped at
-MAX_HEADER bytes and checked field by field, data frames at MAX_CHUNK bytes, and the client checks the byte count
-and the sha256 itself.
+MAX_HEADER bytes (a request at MAX_REQUEST) before they are read, and checked field by field, data frames at
+MAX_CHUNK bytes, and the client checks the byte count and the sha256 itself.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ PROTOCOL = "hivegrpo.blob.v1"
 CHUNK_SIZE = 1 << 20
 MAX_CHUNK = 4 << 20
 MAX_HEADER = 4096
+MAX_REQUEST = 1024  # a request header: a sha256, two integers and an invite of at most MAX_INVITE_CHARS (~640 B)
 MAX_ERROR_CHARS = 300
 _LEN = 4
 _ORDER = "big"
@@ -96,11 +97,12 @@ def write_header(writer: asyncio.StreamWriter, obj: dict) -> None:
     writer.write(len(data).to_bytes(_LEN, _ORDER) + data)
 
 
-async def read_header(reader: asyncio.StreamReader) -> dict:
-    """Read one msgpack header frame; raises ProtocolError on anything but a small map with string keys."""
+async def read_header(reader: asyncio.StreamReader, limit: int = MAX_HEADER) -> dict:
+    """Read one msgpack header frame of at most ``limit`` bytes (checked before reading it); raises ProtocolError on
+    anything but a small map with string keys."""
     n = int.from_bytes(await reader.readexactly(_LEN), _ORDER)
-    if n > MAX_HEADER:
-        raise ProtocolError(f"header of {n} bytes exceeds {MAX_HEADER}")
+    if n > limit:
+        raise ProtocolError(f"header of {n} bytes exceeds {limit}")
     data = await reader.readexactly(n)
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
