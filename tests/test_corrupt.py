@@ -3,8 +3,9 @@ of every adapter version, next to honest providers. A rollout peer joining then 
 transfer, get each blob from an honest provider, and load nothing corrupt — shown by a learner that recomputes the
 behaviour log-probs of every one of its groups (``--check-rate 1``) and uses them.
 
-The learner is stopped before the new peer joins, so the newest adapter's announced providers are the dead learner
-and the two corrupt mirrors: all three fail and the adapter comes from another live peer (the honest rollout peer
+The mirrors hold the host's learner credential (admitted learners whose blob service is broken: a
+stranger's announcements are ignored, tests/test_strangers.py). The learner is stopped before the new peer joins, so the
+newest adapter's announced providers are the dead learner and the two corrupt mirrors: all three fail and the adapter comes from another live peer (the honest rollout peer
 followed it). The model folder holds 24 extra 2 KB files, so each kind of corrupt provider is asked for some file
 with near certainty (providers are tried in random order).
 """
@@ -50,6 +51,7 @@ def test_corrupt_and_truncated_copies_are_refused_and_nothing_corrupt_is_loaded(
     mirrors = {}
     for mode in ("flip", "truncate"):
         args = [MIRROR, mode, *net, "--cache-dir", str(tmp_path / mode), "--identity", str(tmp_path / f"{mode}.id")]
+        args += ["--learner-credential", info["learner_credential"]]  # admitted, so that followers ask it
         mirrors[mode] = procs.start_argv(mode, args)
     wait_until(
         lambda: all("holding the base model" in procs.log(m) for m in mirrors.values()),

@@ -1,11 +1,13 @@
 """A peer that serves corrupt copies of everything it holds: the run's base-model files and every adapter version.
 
 Usage: python tests/procs/corrupt_mirror.py MODE --run-id ID --coordinator FP --initial-peers MADDR... [--identity F]
+       [--learner-credential TOKEN]
 
 It joins the run like a rollout peer (a heartbeat of role ``rollout``, so other peers take it for a source of the
 base model), fetches the base-model files honestly, and then, every half second, fetches the newest announced
 adapter honestly and announces it again under its own key with itself as the provider — so peers that follow
-adapters ask it too. Everything it serves goes through MODE: ``flip`` (one byte of every chunk inverted) or
+adapters ask it too. Only admitted learners' announcements count, so it needs a learner credential of the
+run's host to be asked (an admitted learner whose blob service is broken). Everything it serves goes through MODE: ``flip`` (one byte of every chunk inverted) or
 ``truncate`` (the stream dropped after 1000 bytes). It never samples. SIGTERM ends it (exit 0).
 """
 
@@ -28,6 +30,7 @@ def main() -> None:
     parser.add_argument("--initial-peers", action="append", default=[])
     parser.add_argument("--identity", default=None)
     parser.add_argument("--cache-dir", required=True)
+    parser.add_argument("--learner-credential", default=None)
     args, _ = parser.parse_known_args()
 
     from hivemind.p2p import PeerID
@@ -44,6 +47,12 @@ def main() -> None:
     swarm = join(NetworkConfig.loopback(args.initial_peers, identity_path=args.identity), args.run_id)
     blobs = BlobService(swarm.dht, BlobCache(cache_dir / "blobs"), transform=transform)
     heartbeat = Heartbeat(swarm, "rollout").start()
+    if args.learner_credential:
+        from peer.network.admission import parse_credential, publish_admission
+
+        credential = parse_credential(args.learner_credential)
+        publish_admission(swarm, credential)
+        heartbeat.also.append(lambda: publish_admission(swarm, credential))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
