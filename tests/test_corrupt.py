@@ -3,11 +3,12 @@ of every adapter version, next to honest providers. A rollout peer joining then 
 transfer, get each blob from an honest provider, and load nothing corrupt — shown by a learner that recomputes the
 behaviour log-probs of every one of its groups (``--check-rate 1``) and uses them.
 
-The mirrors hold the host's learner credential (admitted learners whose blob service is broken: a
-stranger's announcements are ignored, tests/test_strangers.py). The learner is stopped before the new peer joins, so the
-newest adapter's announced providers are the dead learner and the two corrupt mirrors: all three fail and the adapter comes from another live peer (the honest rollout peer
-followed it). The model folder holds 24 extra 2 KB files, so each kind of corrupt provider is asked for some file
-with near certainty (providers are tried in random order).
+The mirrors hold the host's learner credential (admitted learners whose blob service is broken: a stranger's
+announcements are ignored, tests/test_strangers.py). The learner is stopped before the new peer joins, so the
+newest adapter's announced providers are the dead learner and the two corrupt mirrors: all three fail and the
+adapter comes from another live peer (the honest rollout peer followed it). The model folder holds 24 extra 2 KB
+files, so each kind of corrupt provider is asked for some file with near certainty (providers are tried in random
+order).
 """
 
 import json

@@ -6,9 +6,10 @@ Usage: python tests/procs/corrupt_mirror.py MODE --run-id ID --coordinator FP --
 It joins the run like a rollout peer (a heartbeat of role ``rollout``, so other peers take it for a source of the
 base model), fetches the base-model files honestly, and then, every half second, fetches the newest announced
 adapter honestly and announces it again under its own key with itself as the provider — so peers that follow
-adapters ask it too. Only admitted learners' announcements count, so it needs a learner credential of the
-run's host to be asked (an admitted learner whose blob service is broken). Everything it serves goes through MODE: ``flip`` (one byte of every chunk inverted) or
-``truncate`` (the stream dropped after 1000 bytes). It never samples. SIGTERM ends it (exit 0).
+adapters ask it too. Only admitted learners' announcements count, so it needs a learner credential of the run's
+host to be asked (an admitted learner whose blob service is broken). Everything it serves goes through MODE:
+``flip`` (one byte of every chunk inverted) or ``truncate`` (the stream dropped after 1000 bytes). It never
+samples. SIGTERM ends it (exit 0).
 """
 
 import argparse
