@@ -11,6 +11,7 @@ with the stranger's adapters, and ``hivegrpo status`` names the stranger as refu
 import json
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.swarm_helpers import join_args, learn_args, read_ledger, start_host, status, wait_until
@@ -33,6 +34,7 @@ def test_a_stranger_cannot_announce_versions_lead_the_team_or_help_it(tmp_path, 
     )
     wait_until(lambda: len(read_ledger(ledger)) >= 3, "the learner's first 3 versions", 180, [learner, rollout])
 
+    rss_before = psutil.Process(learner.pid).memory_info().rss
     out = tmp_path / "usurper.json"
     peers = [a for m in info["initial_peers"] for a in ("--initial-peers", m)]
     usurper = procs.start_argv(
@@ -51,6 +53,8 @@ def test_a_stranger_cannot_announce_versions_lead_the_team_or_help_it(tmp_path, 
     )
 
     assert all(p.poll() is None for p in (host, rollout, learner)), "a stranger's announcement made a peer exit"
+    grown = psutil.Process(learner.pid).memory_info().rss - rss_before
+    assert grown < 64 << 20, f"the learner grew {grown / 2**20:.0f} MiB during the attack"
     made = [line["version"] for line in read_ledger(ledger) if not line.get("no_signal")]
     assert made == list(range(1, len(made) + 1)) and max(made) < 1000, "the learner's lineage went on, its own"
     swaps = [line for line in read_ledger(rollout_ledger) if line.get("kind") == "swap"]
@@ -81,6 +85,7 @@ def test_a_thousand_identities_flooding_one_bucket_leave_it_readable_and_the_run
     )
     wait_until(lambda: len(read_ledger(ledger)) >= 2, "the learner's first versions", 180, [learner, rollout])
     swarm, _ = reader(info["run_id"], info["initial_peers"])  # one of the run's nodes, with its quota
+    rss_before = psutil.Process(learner.pid).memory_info().rss
     version = len(read_ledger(ledger)) + 1  # what the rollout peer samples with next: its bucket
     out = tmp_path / "flood.json"
     peers = [a for m in info["initial_peers"] for a in ("--initial-peers", m)]
@@ -103,5 +108,7 @@ def test_a_thousand_identities_flooding_one_bucket_leave_it_readable_and_the_run
     assert entries and size < 4 << 20, f"the flooded bucket must stay readable: {len(entries)} entries, {size} bytes"
     assert stats["refused"].get(f"bucket_{version % 64}", 0) > 0, stats
     assert all(p.poll() is None for p in (host, rollout, learner))
+    grown = psutil.Process(learner.pid).memory_info().rss - rss_before
+    assert grown < 64 << 20, f"the learner grew {grown / 2**20:.0f} MiB during the flood"
     seen = status(info["run_id"], info["initial_peers"], "--coordinator", info["coordinator"])
     assert seen["adapter_version"] >= flooded_at + 3

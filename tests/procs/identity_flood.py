@@ -39,7 +39,7 @@ def entry_value(version: int, producer: str) -> dict:
     return to_dht_value(BucketEntry.of_group(group))
 
 
-async def flood(run_id: str, version: int, n: int, value: dict, _dht, node) -> dict:
+async def flood(run_id: str, version: int, n: int, producer: str, _dht, node) -> dict:
     import asyncio
 
     from cryptography.hazmat.primitives.asymmetric import rsa
@@ -53,7 +53,7 @@ async def flood(run_id: str, version: int, n: int, value: dict, _dht, node) -> d
     key_id = DHTID.generate(source=bucket_key(run_id, version))
     peers = list(node.protocol.routing_table.uid_to_peer_id.values())
     serializer = node.protocol.serializer
-    value_bytes = serializer.dumps(value)
+    value_bytes = serializer.dumps(entry_value(version, producer))  # made here: the pipe to this process is small
     sent = taken = 0
     for _ in range(n):
         key = RSAPrivateKey.__new__(RSAPrivateKey)
@@ -99,8 +99,8 @@ def main():
     )
     try:
         start = time.perf_counter()
-        value = entry_value(args.version, dht.peer_id.to_base58())
-        result = dht.run_coroutine(partial(flood, args.run_id, args.version, args.identities, value))
+        producer = dht.peer_id.to_base58()
+        result = dht.run_coroutine(partial(flood, args.run_id, args.version, args.identities, producer))
         result.update(identities=args.identities, seconds=time.perf_counter() - start)
         Path(args.out).write_text(json.dumps(result))
     finally:
