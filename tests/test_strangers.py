@@ -72,6 +72,7 @@ def test_a_stranger_cannot_announce_versions_lead_the_team_or_help_it(tmp_path, 
 FLOOD = str(Path(__file__).parent / "procs" / "identity_flood.py")
 
 
+@pytest.mark.slow  # ~2 min on 2 cores: the quota's rule is in the default run (tests/test_quota_units.py)
 @pytest.mark.timeout(420)
 def test_a_thousand_identities_flooding_one_bucket_leave_it_readable_and_the_run_learning(tmp_path, procs, reader):
     from peer.network.quota import quota_stats
