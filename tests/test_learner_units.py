@@ -410,24 +410,36 @@ def test_split_and_who_wins():
 
 
 def test_the_leaders_answers_to_a_helper(setup):
-    """The team protocol's leader side on its own: state, steps, a task, a redirect, a refusal."""
+    """The team protocol's leader side on its own: state, steps, a task, a redirect, a refusal — each answer as a
+    helper checks it (peer.roles.team_messages)."""
     import asyncio
     import threading
     import time
 
-    from peer.roles.team import Lead, check_step
+    from peer.roles.team import Lead
+    from peer.roles.team_messages import parse_work_answer
 
-    lead = Lead("leader")
+    leader, helper = "12D3KooWLeader", "12D3KooWHe1per"
+    lead = Lead(leader)
     lead.lead(3, SHA0)
 
     def ask(version, sha, need_state=False):
         request = {"op": "work", "version": version, "sha": sha, "need_state": need_state}
-        return asyncio.run(lead.handle("helper", request))
+        return parse_work_answer(asyncio.run(lead.handle(helper, request)))
+
+    snapshot = {
+        "version": 3,
+        "sha": SHA0,
+        "parent": "",
+        "adapter": b"a",
+        "optimizer": {"steps": [], "tensors": b"o"},
+        "intake": {"used": {}, "banned": {}},
+    }
 
     def offer():  # the learner's loop answers a wanted snapshot
         for _ in range(200):
             if lead.snapshot_wanted.is_set():
-                lead.offer_snapshot({"version": 3, "sha": SHA0, "adapter": b"a", "optimizer": b"o", "intake": {}})
+                lead.offer_snapshot(snapshot)
                 return
             time.sleep(0.005)
 
@@ -435,24 +447,26 @@ def test_the_leaders_answers_to_a_helper(setup):
     t.start()
     got = ask(3, SHA0, need_state=True)  # just joined: the whole state even though v3 is in the lineage
     t.join()
-    assert got["state"]["version"] == 3 and got["members"] == ["leader", "helper"]
-    step = {"version": 4, "parent": SHA0, "sha": SHA1, "size": 10, "grads": b"g", "intake": {}, "record": {}}
-    lead.advance(check_step(step))
+    assert got["state"]["version"] == 3 and got["members"] == [leader, helper]
+    intake = {"used": {A.hex(): [[1, 3]]}, "banned": {}}
+    step = {"version": 4, "parent": SHA0, "sha": SHA1, "size": 10, "grads": b"g", "intake": intake, "record": {}}
+    step["record"] = {"version": 4, "sha256": SHA1}
+    lead.advance(step)
     assert ask(3, SHA0)["steps"] == [step]  # behind by one: the step
-    assert lead.helpers() == ["helper"]
-    task_id = lead.assign("helper", [{"owner": A, "group": b"packed"}])
+    assert lead.helpers() == [helper]
+    task_id = lead.assign(helper, [{"owner": A, "group": b"packed"}])
     assert ask(4, SHA1)["task"]["id"] == task_id
     answer = asyncio.run(
-        lead.handle("helper", {"op": "result", "task": task_id, "grads": b"g", "tokens": 3, "stats": {}})
+        lead.handle(helper, {"op": "result", "task": task_id, "grads": b"g", "tokens": 3, "stats": {}})
     )
-    assert answer == {"ok": True} and lead.results.get_nowait()[:2] == ("helper", task_id)
-    with pytest.raises(ValueError):
-        check_step({**step, "sha": "nope"})
-    lead.refuse("helper", "its gradient differs")
+    assert answer == {"ok": True} and lead.results.get_nowait()[:2] == (helper, task_id)
+    with pytest.raises(ValueError, match="sha: string does not match regex"):
+        parse_work_answer({"steps": [{**step, "sha": "nope"}], "members": []})
+    lead.refuse(helper, "its gradient differs")
     assert ask(4, SHA1) == {"refused": "its gradient differs"}
-    lead.follow("other")
-    assert asyncio.run(lead.handle("x", {"op": "probe"}))["leader"] == "other"
-    assert asyncio.run(lead.handle("x", {"op": "work", "version": 4, "sha": SHA1})) == {"leader": "other"}
+    lead.follow("12D3KooWOther")
+    assert asyncio.run(lead.handle("x", {"op": "probe"}))["leader"] == "12D3KooWOther"
+    assert asyncio.run(lead.handle("x", {"op": "work", "version": 4, "sha": SHA1})) == {"leader": "12D3KooWOther"}
 
 
 def test_a_private_swarms_leader_answers_only_invited_learners():

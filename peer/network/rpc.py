@@ -1,15 +1,28 @@
 """Request/response calls between peers over a hivemind P2P binary stream: one msgpack map each way per stream.
 
 A message is the msgpack bytes of one map, sent as the data frames of :mod:`peer.network.blobs_wire` (at most
-``MAX_CHUNK`` bytes each: p2pd caps a frame at 4 MiB) and the end frame. Both sides cap what they read
-(``limit``) and treat it as untrusted: the receiver gets a plain ``dict`` with string keys, or a
-:class:`~peer.network.blobs_wire.ProtocolError`.
+``MAX_CHUNK`` bytes each: p2pd caps a frame at 4 MiB) and the end frame. Everything received is untrusted, and is
+checked before it can cost the receiver anything:
+
+1. **who** — the server's ``precheck(peer_id)`` (optional; e.g. "is this an admitted learner?") runs before a
+   single byte of the request is read: a peer it refuses gets ``{"error": why}`` and its request is never read
+   (the server drops at most ``LINGER_DISCARD`` bytes of it unparsed while the caller reads the refusal);
+2. **how much** — a message over ``limit`` bytes is refused once its frame headers say so, before the frame that
+   would cross the limit is read (a server passes the limit of its largest request, not of its answers);
+3. **what shape** — msgpack unpacks with its length limits taken from the message's own size (no string, bin,
+   array or map longer than the message, no ext type at all) and, with ``max_containers``, a budget of maps and
+   arrays: an empty list is one byte of msgpack and ~60 bytes of Python, so a message made of them would expand
+   ~38x (measured: two 16 MiB messages took a learner from 527 to 1,743 MiB); a request whose schema has a few
+   maps cannot be made of millions;
+4. **what it means** — the caller's schema (e.g. :mod:`peer.roles.team_messages`); here only "a map with string
+   keys".
 
     async def handler(peer_id, request: dict) -> dict: ...
-    await serve(p2p, "hivegrpo.team.v1", handler, limit=64 << 20)
-    answer = await call(p2p, peer_id, "hivegrpo.team.v1", {"op": "work"}, timeout=10, limit=64 << 20)
+    await serve(p2p, "hivegrpo.team.v2", handler, limit=1 << 20, precheck=admits, max_containers=16)
+    answer = await call(p2p, peer_id, "hivegrpo.team.v2", {"op": "work"}, timeout=10, limit=64 << 20)
 
-A handler that raises answers ``{"error": "..."}``; :func:`call` raises :class:`RemoteError` for it.
+A handler that raises answers ``{"error": "..."}`` (a :class:`ProtocolError` as ``"bad request: ..."``); :func:`call`
+raises :class:`RemoteError` for it.
 """
 
 from __future__ import annotations
@@ -22,12 +35,15 @@ import msgpack
 from hivemind.p2p import P2P, PeerID
 
 from peer.log import get_logger
-from peer.network.blobs_wire import CHUNK_SIZE, ProtocolError, read_chunk, write_chunk, write_end
+from peer.network.blobs_wire import CHUNK_SIZE, END, MAX_CHUNK, ProtocolError, write_chunk, write_end
 
 logger = get_logger(__name__)
 
 Handler = Callable[[PeerID, dict], Awaitable[dict]]
+Precheck = Callable[[PeerID], "str | None"]  # run in an executor: it may block (a DHT read)
 MAX_ERROR_CHARS = 300
+LINGER_DISCARD = 64 << 10  # bytes a server drops unread while it waits for the caller to read its answer
+_PREFIX = len(END)  # the 4-byte length prefix of every frame
 
 
 class RemoteError(RuntimeError):
@@ -42,21 +58,69 @@ def write_message(writer: asyncio.StreamWriter, obj: dict) -> None:
     write_end(writer)
 
 
-async def read_message(reader: asyncio.StreamReader, limit: int) -> dict:
-    """Read one message of at most ``limit`` bytes; ProtocolError on anything but a map with string keys."""
+async def read_message(reader: asyncio.StreamReader, limit: int, max_containers: int | None = None) -> dict:
+    """Read one message of at most ``limit`` bytes (a frame that would cross it is not read) and unpack it within
+    the bounds of the module docstring; ProtocolError on anything but a map with string keys."""
     parts, size = [], 0
-    while chunk := await read_chunk(reader):
-        size += len(chunk)
-        if size > limit:
+    while True:
+        n = int.from_bytes(await reader.readexactly(_PREFIX), "big")
+        if n == 0:
+            break
+        if n > MAX_CHUNK:
+            raise ProtocolError(f"data frame of {n} bytes exceeds {MAX_CHUNK}")
+        if size + n > limit:
             raise ProtocolError(f"message of over {limit} bytes")
-        parts.append(chunk)
+        parts.append(await reader.readexactly(n))
+        size += n
+    return unpack_message(b"".join(parts), max_containers)
+
+
+def unpack_message(data: bytes, max_containers: int | None = None) -> dict:
+    """``data`` (one message's msgpack bytes) as a map with string keys, unpacked within bounds (module docstring)."""
+    containers = 0
+
+    def count(obj):
+        nonlocal containers
+        containers += 1
+        if max_containers is not None and containers > max_containers:
+            raise ProtocolError(f"more than {max_containers} maps and arrays")
+        return obj
+
+    n = len(data)
     try:
-        obj = msgpack.unpackb(b"".join(parts), raw=False, strict_map_key=True)
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=n,
+            max_bin_len=n,
+            max_array_len=n,
+            max_map_len=n // 2,
+            max_ext_len=0,  # no ext type (timestamps included) is part of a message
+            **({} if max_containers is None else {"list_hook": count, "object_hook": count}),
+        )
+    except ProtocolError:
+        raise
     except Exception as e:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"undecodable message: {e}") from None
+        raise ProtocolError(f"undecodable message ({type(e).__name__}: {e})"[:MAX_ERROR_CHARS]) from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"message is a {type(obj).__name__}, not a map")
     return obj
+
+
+async def _linger(reader: asyncio.StreamReader, timeout: float = 5.0) -> None:
+    """Wait (at most ``timeout`` s) for the caller to close its end, as it does once it has read the answer: a
+    stream closed here first can lose the answer in p2pd. What the caller still sends (the rest of a request refused
+    unread, or read only up to the limit) is dropped as it comes, at most LINGER_DISCARD bytes: never kept, never
+    parsed; a caller still sending after that has its stream closed."""
+
+    async def until_closed() -> None:
+        left = LINGER_DISCARD
+        while left > 0 and (data := await reader.read(min(left, 1 << 14))):
+            left -= len(data)
+
+    with contextlib.suppress(asyncio.TimeoutError, ConnectionError):
+        await asyncio.wait_for(until_closed(), timeout)
 
 
 async def call(p2p: P2P, peer: PeerID, protocol: str, request: dict, *, timeout: float, limit: int) -> dict:
@@ -77,16 +141,34 @@ async def call(p2p: P2P, peer: PeerID, protocol: str, request: dict, *, timeout:
     return await asyncio.wait_for(exchange(), timeout)
 
 
-async def serve(p2p: P2P, protocol: str, handler: Handler, *, limit: int, read_timeout: float = 30.0) -> None:
-    """Register ``handler`` for ``protocol`` on ``p2p`` (remove it with ``p2p.remove_binary_stream_handler``)."""
+async def serve(
+    p2p: P2P,
+    protocol: str,
+    handler: Handler,
+    *,
+    limit: int,
+    precheck: Precheck | None = None,
+    max_containers: int | None = None,
+    read_timeout: float = 30.0,
+) -> None:
+    """Register ``handler`` for ``protocol`` on ``p2p`` (remove it with ``p2p.remove_binary_stream_handler``).
+
+    ``limit`` and ``max_containers`` bound a request (module docstring); ``precheck(peer_id)``, when given, runs in
+    an executor before anything is read and returns None (go on) or the sentence the refused peer gets."""
 
     async def handle(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        refused = None
         try:
             try:
-                request = await asyncio.wait_for(read_message(reader, limit), read_timeout)
-                answer = await handler(info.peer_id, request)
+                if precheck is not None:
+                    refused = await asyncio.get_running_loop().run_in_executor(None, precheck, info.peer_id)
+                if refused is not None:
+                    answer = {"error": str(refused)[:MAX_ERROR_CHARS]}
+                else:
+                    request = await asyncio.wait_for(read_message(reader, limit, max_containers), read_timeout)
+                    answer = await handler(info.peer_id, request)
             except ProtocolError as e:
-                answer = {"error": f"bad request: {e}"}
+                answer = {"error": f"bad request: {e}"[:MAX_ERROR_CHARS]}
             except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
                 raise
             except Exception as e:  # the handler's own failure: say it to the caller, keep serving
@@ -94,8 +176,7 @@ async def serve(p2p: P2P, protocol: str, handler: Handler, *, limit: int, read_t
                 answer = {"error": f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]}
             write_message(writer, answer)
             await writer.drain()
-            with contextlib.suppress(asyncio.TimeoutError, ConnectionError):  # let the caller read the tail first
-                await asyncio.wait_for(reader.read(1), 5.0)
+            await _linger(reader)
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError) as e:
             logger.debug(f"{protocol} stream with {info.peer_id} ended early: {type(e).__name__}: {e}")
         finally:
@@ -104,4 +185,4 @@ async def serve(p2p: P2P, protocol: str, handler: Handler, *, limit: int, read_t
     await p2p.add_binary_stream_handler(protocol, handle)
 
 
-__all__ = ["RemoteError", "call", "read_message", "serve", "write_message"]
+__all__ = ["ProtocolError", "RemoteError", "call", "read_message", "serve", "unpack_message", "write_message"]

@@ -1,6 +1,6 @@
 """Several learners, one adapter lineage: a leader splits each update into shares, helpers compute theirs.
 
-Protocol ``hivegrpo.team.v1`` (request/response over a P2P stream, :mod:`peer.network.rpc`), served by every
+Protocol ``hivegrpo.team.v2`` (request/response over a P2P stream, :mod:`peer.network.rpc`), served by every
 learner; only the one *leading* answers with work, the others redirect to it. A helper loops on one request::
 
     helper -> leader   {"op": "work", "version": v, "sha": s, "need_state": bool, "invite": ...}
@@ -14,6 +14,7 @@ learner; only the one *leading* answers with work, the others redirect to it. A 
                        {"leader": id}     not leading: ask that one (None: nobody known)
                        {"refused": why}   this leader no longer takes this helper's work
     helper -> leader   {"op": "result", "task": id, "grads": bytes, "tokens": n, "stats": {...}}
+                       ``tokens``: the helper's own count, compared but not used (see Trust)
 
 Every answer carries ``members``: the leader, then its helpers in the order they came. When the leader is gone a
 helper walks that list: the first one alive leads (every member holds the same adapter *and* AdamW state, because
@@ -21,6 +22,28 @@ each applied the same clipped gradients), so no version is lost and none goes ba
 helpers announces a version only once every active helper holds it (:meth:`Lead.holds`: a helper's work request
 names the version it holds); a leader whose helpers all went silent asks them before it goes on alone — if one of
 them leads now (this leader was frozen, or cut off), it follows that one.
+
+**Trust.** Only admitted learners (:mod:`peer.network.admission`) are members, and even they are checked:
+
+* *who, before what*: a call from a libp2p peer id that is not an admitted learner's is refused before a byte of
+  its request is read (:meth:`Lead.precheck`, run in an executor: it may read the DHT). A private swarm's invite
+  is in the request, so it is checked after reading — but only an admitted learner's request is read at all;
+* *how much*: a request is at most :func:`request_limit` bytes — the largest request is a result, whose gradient
+  is the size of the LoRA tensors — and at most ``REQUEST_CONTAINERS`` maps and arrays; answers (a state, steps)
+  may be up to ``MAX_ANSWER`` bytes, and come only from the leader the helper chose, an admitted learner;
+* *what*: every request and answer is checked by a strict, bounded schema (:mod:`peer.roles.team_messages`)
+  before it is used; tensors travel as safetensors and the AdamW state as step counts + safetensors moments,
+  loaded into this learner's own hyper-parameters (:func:`peer.roles.update.optimizer_state_from_wire`), never
+  ``torch.load``;
+* *weights*: the leader weighs each share by the tokens it counts itself in the groups it assigned
+  (:func:`peer.roles.update.signal_tokens`); a helper's claimed count is only compared (``tokens_disagreed``);
+* *bans*: a helper keeps the leader's used seqs (they stop replays whoever leads next) but does not take the
+  leader's bans as its own. While it follows, its intake reads nothing (the leader picks every group), so the
+  leader's bans need no effect there; it only keeps the most recent ``MAX_BANNED`` of them as *reported*
+  (``leader_bans`` in its summary) and forgets them when it leads itself: its intake then judges every signer
+  from what it verifies — a liar is caught again by the same checks, and costs no more than a fresh key would.
+  An admitted but buggy or compromised leader can so never make its team ban honest producers for good. The
+  learner's own bans (from when it led) persist, in its checkpoints too.
 
 The leader side (:class:`Lead`) is touched by the learner's loop thread and by the handler on the blob service's
 event loop; everything shared is under one lock. :mod:`peer.roles.learner` drives both sides.
@@ -39,51 +62,34 @@ from hivemind.p2p import PeerID
 
 from peer.log import get_logger
 from peer.network import rpc
-from peer.network.blobs_cache import check_sha256
+from peer.roles import team_messages as messages
+from peer.roles.team_messages import KEEP_STEPS, MAX_ANSWER, MAX_MEMBERS
 
 logger = get_logger(__name__)
 
-PROTOCOL = "hivegrpo.team.v1"
-MAX_MESSAGE = 64 << 20  # bytes: a state (adapter + AdamW state + the intake's seqs) of a large adapter
+PROTOCOL = "hivegrpo.team.v2"
+REQUEST_SLACK = 64 << 10  # bytes a request carries besides a gradient (op, ids, invite, stats, msgpack framing)
+REQUEST_CONTAINERS = 8  # maps and arrays in one request (a result has two: itself and its stats)
 POLL_WAIT = 2.0  # s a work request waits for something to do
 ACTIVE_FOR = 5.0  # s since its last request for a helper to be given shares
-KEEP_STEPS = 32  # updates the leader keeps to bring a helper that fell behind up to date (else: the whole state)
 CALL_TIMEOUT = 15.0  # s for one call that asks for a state (a large answer)
 WORK_TIMEOUT = 10.0  # s for a work request (it waits POLL_WAIT of it): a frozen leader is noticed this soon
 
 
-def _count(value, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise rpc.ProtocolError(f"{what} must be a non-negative integer, got {value!r:.40}")
-    return value
-
-
-def check_step(step: dict) -> dict:
-    """A step as it came over the wire, its types checked (the gradient is checked where it is loaded)."""
-    if not isinstance(step, dict):
-        raise rpc.ProtocolError("a step is a map")
-    _count(step.get("version"), "a step's version")
-    _count(step.get("size"), "a step's size")
-    try:
-        check_sha256(step.get("sha"))
-        if step.get("parent"):
-            check_sha256(step.get("parent"))
-    except ValueError as e:
-        raise rpc.ProtocolError(str(e)) from None
-    if not isinstance(step.get("grads"), bytes) or not isinstance(step.get("intake"), dict):
-        raise rpc.ProtocolError("a step carries grads (bytes) and intake (a map)")
-    if not isinstance(step.get("record"), dict):
-        raise rpc.ProtocolError("a step carries its record (a map)")
-    return step
+def request_limit(gradient_bytes: int) -> int:
+    """The largest request a leader reads: a result, whose gradient is ``gradient_bytes`` (the LoRA tensors' bytes)
+    as safetensors — twice that (room for float32 gradients of half-precision tensors) — plus slack."""
+    return 2 * gradient_bytes + REQUEST_SLACK
 
 
 class Lead:
     """The leader's side of the team protocol (and, when not leading, the redirect to who is)."""
 
-    def __init__(self, me: str, access=None, admitted=None):
+    def __init__(self, me: str, access=None, admitted=None, gradient_bytes: int = 0):
         self.me = me
         self.access = access  # a private swarm's Access: requests must carry a valid invite
         self.admitted = admitted  # the run's admitted learners: only they may call (peer.network.admission)
+        self.request_limit = request_limit(gradient_bytes)  # gradient_bytes: the LoRA tensors' size in bytes
         self.leading = False
         self.leader_hint: str | None = None
         self.version, self.sha = -1, ""
@@ -185,27 +191,29 @@ class Lead:
 
     # --- the handler (on the blob service's event loop) ------------------------------------------------------------
 
+    def precheck(self, peer_id: PeerID) -> str | None:
+        """Before a request is read (:func:`rpc.serve` runs it in an executor): None if ``peer_id`` may call, else
+        why not. The libp2p peer id is authenticated; the admission binds it to a learner credential."""
+        if self.admitted is None or self.admitted.admits_peer(str(peer_id)):
+            return None
+        with self._lock:
+            self.stats["refused_unadmitted"] += 1
+        return "not an admitted learner of this run: a team takes only learners its host admitted"
+
     async def handle(self, peer_id: PeerID, request: dict) -> dict:
+        """One request (its caller passed :meth:`precheck`); a malformed one raises ProtocolError ("bad request")."""
         peer = str(peer_id)
         if self.access is not None:
             refused = self.access.check(request.get("invite"))
             if refused is not None:
                 return {"error": f"not authorized ({refused}): this learner works with its swarm's peers only"}
-        if self.admitted is not None:  # libp2p authenticated peer_id; the admission binds it to a credential
-            admitted = await asyncio.get_running_loop().run_in_executor(None, self.admitted.admits_peer, peer)
-            if not admitted:
-                self.stats["refused_unadmitted"] += 1
-                return {"error": "not an admitted learner of this run: a team takes only learners its host admitted"}
-        op = request.get("op")
-        if op == "probe":
+        message = messages.parse_request(request)
+        if isinstance(message, messages.Probe):
             with self._lock:
                 return {"leading": self.leading, "leader": self.leader_hint, "version": self.version, "sha": self.sha}
-        if op == "work":
-            version, sha = _count(request.get("version"), "version"), str(request.get("sha"))
-            return await self._work(peer, version, sha, bool(request.get("need_state")))
-        if op == "result":
-            return self._result(peer, request)
-        return {"error": f"unknown op {op!r:.40}"}
+        if isinstance(message, messages.Work):
+            return await self._work(peer, message.version, message.sha, message.need_state)
+        return self._result(peer, message)
 
     async def _work(self, peer: str, version: int, sha: str, need_state: bool) -> dict:
         deadline = time.monotonic() + POLL_WAIT
@@ -222,7 +230,8 @@ class Lead:
             with self._lock:
                 if not self.leading or self.closed:
                     return {"leader": self.leader_hint}
-                members = [self.me, *[p for _, p in sorted((t[0], p) for p, t in self._helpers.items())]]
+                helpers = [p for _, p in sorted((t[0], p) for p, t in self._helpers.items())]
+                members = [self.me, *helpers][:MAX_MEMBERS]
                 if need_state or self._lineage.get(version) != sha or version > self.version:
                     answer = None if self._snapshot is None else {"state": self._snapshot}
                     if answer is None:
@@ -247,12 +256,9 @@ class Lead:
                 return {"idle": True, "members": members}
             await asyncio.sleep(0.01)
 
-    def _result(self, peer: str, request: dict) -> dict:
-        task_id = _count(request.get("task"), "task")
-        grads, stats = request.get("grads"), request.get("stats")
-        if not isinstance(grads, bytes) or not isinstance(stats, dict):
-            raise rpc.ProtocolError("a result carries grads (bytes) and stats (a map)")
-        self.results.put((peer, task_id, grads, _count(request.get("tokens"), "tokens"), stats))
+    def _result(self, peer: str, result: messages.Result) -> dict:
+        stats = {} if result.stats is None else result.stats.dict()
+        self.results.put((peer, result.task, result.grads, result.tokens, stats))
         return {"ok": True}
 
 
@@ -268,27 +274,37 @@ class TeamClient:
         target = PeerID.from_base58(peer)
 
         async def go(p2p):
-            return await rpc.call(p2p, target, PROTOCOL, request, timeout=timeout, limit=MAX_MESSAGE)
+            return await rpc.call(p2p, target, PROTOCOL, request, timeout=timeout, limit=MAX_ANSWER)
 
         return self.blobs.run_coroutine(go, timeout + 5)
 
     def probe(self, peer: str, timeout: float = 5.0) -> dict:
-        return self._call(peer, {"op": "probe"}, timeout)
+        return messages.parse_probe_answer(self._call(peer, {"op": "probe"}, timeout))
 
     def work(self, leader: str, version: int, sha: str, need_state: bool = False) -> dict:
-        """``need_state``: this learner has not taken the team's AdamW state yet (it just joined)."""
+        """``need_state``: this learner has not taken the team's AdamW state yet (it just joined). The answer is
+        checked (:func:`~peer.roles.team_messages.parse_work_answer`): ProtocolError if malformed."""
         request = {"op": "work", "version": version, "sha": sha, "need_state": need_state}
-        return self._call(leader, request, CALL_TIMEOUT if need_state else WORK_TIMEOUT)
+        answer = self._call(leader, request, CALL_TIMEOUT if need_state else WORK_TIMEOUT)
+        return messages.parse_work_answer(answer)
 
     def result(self, leader: str, task_id: int, grads: bytes, tokens: int, stats: dict) -> dict:
-        return self._call(leader, {"op": "result", "task": task_id, "grads": grads, "tokens": tokens, "stats": stats})
+        request = {"op": "result", "task": task_id, "grads": grads, "tokens": tokens, "stats": stats}
+        return messages.parse_result_answer(self._call(leader, request))
 
 
 def serve(blobs, lead: Lead) -> None:
     """Register ``lead``'s handler on the blob service's P2P replica (the learner's peer id)."""
 
     async def go(p2p):
-        await rpc.serve(p2p, PROTOCOL, lead.handle, limit=MAX_MESSAGE)
+        await rpc.serve(
+            p2p,
+            PROTOCOL,
+            lead.handle,
+            limit=lead.request_limit,
+            precheck=lead.precheck,
+            max_containers=REQUEST_CONTAINERS,
+        )
 
     blobs.run_coroutine(go, 30)
 
@@ -310,4 +326,4 @@ def wins(a: tuple[int, str], b: tuple[int, str]) -> bool:
     return a[0] > b[0] or (a[0] == b[0] and a[1] < b[1])
 
 
-__all__ = ["KEEP_STEPS", "PROTOCOL", "Lead", "TeamClient", "check_step", "serve", "unserve", "wins"]
+__all__ = ["KEEP_STEPS", "PROTOCOL", "Lead", "TeamClient", "request_limit", "serve", "unserve", "wins"]

@@ -9,25 +9,30 @@ See docs/learner.md, "Several learners".
 
 from __future__ import annotations
 
-import io
 import queue
 import random
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 
 import torch
 
 from peer.errors import UserError
 from peer.log import get_logger
 from peer.model.adapter import adapter_to_bytes, load_adapter_bytes, lora_parameters, sha256_hex
+from peer.network.rpc import ProtocolError
 from peer.protocol import GroupRecord, pack, unpack
+from peer.protocol.limits import MAX_BANNED
 from peer.roles import team
 from peer.roles.adapters import announcements
 from peer.roles.intake import Accepted
 from peer.roles.update import (
     Share,
     apply_gradient,
+    batch_tensors,
     combine,
+    optimizer_state_from_wire,
+    optimizer_state_to_wire,
+    signal_tokens,
     tensors_from_bytes,
     tensors_to_bytes,
 )
@@ -62,12 +67,14 @@ class Teamwork:
         self._next_rival_check = 0.0
         self._next_team_check = 0.0
         self._unreachable: dict[str, float] = {}  # learner -> until when not to probe it again
+        self.leader_bans: OrderedDict[str, str] = OrderedDict()  # bans the leader reported (signer hex -> why)
 
     def start(self, closers) -> None:
         """Serve the team protocol, then lead or help whoever leads."""
         s = self.peer.session
         self.me = str(s.swarm.peer_id)
-        self.lead = team.Lead(self.me, s.swarm.access, s.admitted)
+        gradient_bytes = sum(p.numel() * p.element_size() for p in lora_parameters(s.model))
+        self.lead = team.Lead(self.me, s.swarm.access, s.admitted, gradient_bytes)
         self.client = team.TeamClient(s.blobs, s.blobs.invite)
         team.serve(s.blobs, self.lead)
         closers.add(lambda: team.unserve(s.blobs, self.lead))
@@ -81,7 +88,7 @@ class Teamwork:
         """What a leader does besides updating: a helper wants the state, its helpers went silent (this leader
         may have been frozen or cut off while one of them took over), another learner may lead too."""
         if self.lead.snapshot_wanted.is_set():
-            self.lead.offer_snapshot(self.peer.snapshot())
+            self.lead.offer_snapshot(self.snapshot())
         if time.monotonic() >= self._next_team_check and not self.lead.alone:
             if not self.lead.helpers():
                 self.check_team(self.lead.silent())
@@ -123,6 +130,7 @@ class Teamwork:
             "leading": self.leader is None,
             "leader": self.leader or self.me,
             "members": len(self.members),
+            "leader_bans": len(self.leader_bans),
             **{k: int(v) for k, v in sorted(self.counts.items())},
             **{f"served_{k}": int(v) for k, v in sorted(self.lead.stats.items())},
         }
@@ -139,16 +147,16 @@ class Teamwork:
         t0 = time.perf_counter()
         helpers = self.lead.helpers()
         parts = _split(chosen, len(helpers) + 1)
-        tasks: dict[int, tuple[str, list[Accepted]]] = {}
+        tasks: dict[int, tuple[str, list[Accepted], int]] = {}  # task id -> helper, its groups, their tokens
         for helper, part in zip(helpers, parts[1:], strict=True):
             if part:
                 groups = [{"owner": a.owner, "group": pack(a.group)} for a in part]
-                tasks[self.lead.assign(helper, groups)] = (helper, part)
+                tasks[self.lead.assign(helper, groups)] = (helper, part, self.tokens(part))
         shares = [self.peer.share(parts[0])]
         own_seconds = time.perf_counter() - t0
         received = self.collect(tasks, time.monotonic() + max(HELPER_MIN_WAIT, HELPER_WAIT_FACTOR * own_seconds))
         waited = time.perf_counter() - t0 - own_seconds
-        for task_id, (helper, part) in tasks.items():
+        for task_id, (helper, part, _) in tasks.items():
             share = received.get(task_id)
             if share is None:
                 self.lead.withdraw(helper)
@@ -162,6 +170,23 @@ class Teamwork:
         if tasks:  # what sharing cost: the leader's own share, then the wait for (or recomputing of) the others'
             cost |= {"share_seconds": round(own_seconds, 4), "wait_seconds": round(waited, 4)}
         return combine(shares), cost
+
+    def tokens(self, part: list[Accepted]) -> int:
+        """What a share of ``part`` weighs in :func:`combine`: counted here, from the groups (as the helper would)."""
+        s = self.peer.session
+        return signal_tokens(batch_tensors(part, s.version, s.spec, self.peer.pad_id(), torch.device("cpu")))
+
+    def snapshot(self) -> dict:
+        """This learner's whole state, for a helper that is not in its recent lineage (the ``state`` answer)."""
+        s, peer = self.peer.session, self.peer
+        return {
+            "version": s.version,
+            "sha": s.sha,
+            "parent": peer.parent_sha or "",
+            "adapter": s.blob,
+            "optimizer": optimizer_state_to_wire(peer.optimizer),
+            "intake": peer.intake.state(),
+        }
 
     def stepped(self, chosen: list[Accepted], grads, blob: bytes, parent: str, record: dict, delta: dict) -> None:
         """Version ``record["version"]`` is made (``delta``: the intake's change): helpers get its step on their next
@@ -228,6 +253,7 @@ class Teamwork:
         s = self.peer.session
         self.lead.lead(s.version, s.sha)
         self.leader, self.members, self._synced = None, [self.me], True
+        self.leader_bans.clear()  # the last leader's decisions: this learner's intake judges for itself now
         self.peer.bans_recorded = len(self.peer.intake.banned)
         self._next_rival_check = time.monotonic() + RIVAL_CHECK_EVERY
         self.peer.start_fetcher()
@@ -252,12 +278,18 @@ class Teamwork:
         s = self.peer.session
         try:
             answer = self.client.work(self.leader, s.version, s.sha, need_state=not self._synced)
+        except ProtocolError as e:  # it answered, but not within the protocol: ask for the whole state again
+            self.counts["malformed_answers"] += 1
+            self._synced = False
+            logger.warning("the leading learner %s sent a malformed answer (%s); asking again", self.leader, e)
+            self.peer.stop_event.wait(0.5)
+            return
         except Exception as e:  # the network boundary: the leader may be gone
             self._leader_unreachable(e)
             return
         self._failed_calls = 0
-        if isinstance(answer.get("members"), list):
-            self.members = [m for m in answer["members"] if isinstance(m, str)][:64]
+        if "members" in answer:
+            self.members = list(answer["members"])
         if "refused" in answer:
             raise UserError(f"the leading learner refuses this learner's work: {str(answer['refused'])[:200]}")
         if "leader" in answer:  # it does not lead (any more)
@@ -270,7 +302,7 @@ class Teamwork:
         if "state" in answer:
             self._adopt_state(answer["state"])
         for step in answer.get("steps", []):
-            self._apply_step(team.check_step(step))
+            self._apply_step(step)
         if "task" in answer:
             self._do_task(answer["task"])
 
@@ -309,14 +341,16 @@ class Teamwork:
         self.take_lead(why)
 
     def _adopt_state(self, state: dict) -> None:
-        """Take the leader's whole state (this learner was not in its recent lineage)."""
+        """Take the leader's whole state (this learner was not in its recent lineage); ``state`` fits the schema
+        (:class:`~peer.roles.team_messages.State`). Its used seqs are kept, its bans only reported (module
+        docstring of :mod:`peer.roles.team`, Trust)."""
         s = self.peer.session
+        version, sha, blob = state["version"], state["sha"], state["adapter"]
         try:
-            version, sha, blob = int(state["version"]), str(state["sha"]), bytes(state["adapter"])
-            optimizer_state = torch.load(io.BytesIO(bytes(state["optimizer"])), weights_only=True)
-            intake_state = dict(state["intake"])
-        except Exception as e:  # whatever came over the wire: refuse it, ask again
-            logger.warning("the leader's state is unreadable (%s); asking again", e)
+            optimizer_state = optimizer_state_from_wire(self.peer.optimizer, state["optimizer"])
+        except ValueError as e:  # shapes, dtypes or values that do not fit: refuse it, ask again
+            self._synced = False
+            logger.warning("the leader's AdamW state does not fit this learner (%s); asking again", e)
             return
         if version < s.version and not self._deposed:  # a newer version here (a checkpoint): it leads, the other
             self.take_lead(f"v{s.version} is newer than the leader's v{version}")  # will follow it
@@ -325,16 +359,18 @@ class Teamwork:
             s.swap(version, sha, blob)  # checks the blob before it changes anything
             self.peer.optimizer.load_state_dict(optimizer_state)
         except (ValueError, KeyError, RuntimeError) as e:  # AdapterError is a ValueError
+            self._synced = False
             logger.warning("the leader's state does not fit this learner (%s); asking again", e)
             return
         self._synced, self._deposed = True, False
         self.peer.intake.pool.clear()
         self.peer.intake.pending_checks()
         self.peer.intake.known.clear()
-        self.peer.intake.restore(intake_state)
+        self.peer.intake.restore({"used": state["intake"]["used"]})
+        self._report_bans(state["intake"]["banned"])
         self.peer.window.clear()
         self.peer.remember(version, sha)
-        self.peer.parent_sha = str(state.get("parent") or "")
+        self.peer.parent_sha = state["parent"]
         self.peer.announcer.submit(version, blob, self.peer.parent_sha, None)
         self.peer.bans_recorded = len(self.peer.intake.banned)
         if self.peer.config.checkpoint_dir:  # the journal cannot chain a state taken whole: checkpoint it
@@ -343,10 +379,18 @@ class Teamwork:
         logger.info("took the leading learner's state at v%d", version)
         self.peer.beat()
 
+    def _report_bans(self, banned: dict[str, str]) -> None:
+        """Keep the leader's bans as reports (the most recent MAX_BANNED), not as this learner's own."""
+        for owner, why in banned.items():
+            self.leader_bans[owner] = why
+            self.leader_bans.move_to_end(owner)
+        while len(self.leader_bans) > MAX_BANNED:
+            self.leader_bans.popitem(last=False)
+
     def _apply_step(self, step: dict) -> None:
         """Apply the leader's update: its clipped gradient through this learner's (identical) AdamW."""
         s = self.peer.session
-        if step["version"] != s.version + 1 or (step.get("parent") or "") != s.sha:
+        if step["version"] != s.version + 1 or step["parent"] != s.sha:
             logger.warning("step v%d does not follow v%d here: asking the leader again", step["version"], s.version)
             return
         t0 = time.perf_counter()
@@ -376,17 +420,19 @@ class Teamwork:
                 logger.warning("could not take the leader's v%d (%s); asking for its state", step["version"], e)
                 return
             sha = step["sha"]
-        self.peer.intake.restore(step["intake"])
+        delta = {"used": step["intake"]["used"], "banned": {}}  # the leader's bans are reports here, not this one's
+        self.peer.intake.restore(delta)
+        self._report_bans(step["intake"]["banned"])
         self.counts["steps"] += 1
         record = dict(step["record"], applied_seconds=round(time.perf_counter() - t0, 4))
-        self.peer.advance(step.get("parent") or "", sha, blob, record, None, step["intake"])
+        self.peer.advance(step["parent"], sha, blob, record, None, delta)
 
     def _do_task(self, task: dict) -> None:
         """Compute the gradient of the leader's share for this learner and send it back."""
         s = self.peer.session
+        task_id = task["id"]
         try:
-            groups = [Accepted(bytes(g["owner"]), unpack(GroupRecord, bytes(g["group"]))) for g in task["groups"]]
-            task_id = int(task["id"])
+            groups = [Accepted(g["owner"], unpack(GroupRecord, g["group"])) for g in task["groups"]]
         except Exception as e:  # from the leader, but over the wire: refuse it
             logger.warning("an unreadable share from the leader (%s)", e)
             return
@@ -427,23 +473,29 @@ class Teamwork:
                 return
 
     def collect(self, tasks: dict, deadline: float) -> dict[int, Share]:
-        """The helpers' gradients for ``tasks`` that arrive before ``deadline`` (checked; late ones are ignored)."""
+        """The helpers' gradients for ``tasks`` (id -> helper, groups, their tokens as counted here) that arrive
+        before ``deadline``, checked; late ones are ignored. A share weighs the tokens counted here, whatever the
+        helper claims."""
         params = lora_parameters(self.peer.session.model)
         received: dict[int, Share] = {}
         while len(received) < len(tasks):
             try:
-                peer, task_id, grads, tokens, stats = self.lead.results.get(
+                peer, task_id, grads, claimed, stats = self.lead.results.get(
                     timeout=max(0.0, deadline - time.monotonic())
                 )
             except queue.Empty:
                 break
             if task_id not in tasks or tasks[task_id][0] != peer:
                 continue  # an answer to a task already done here
+            tokens = tasks[task_id][2]
+            if claimed != tokens:
+                self.counts["tokens_disagreed"] += 1
+                logger.warning("learner %s counts %d tokens in its share, this leader %d", peer, claimed, tokens)
             try:
-                names = ("loss", "clip_fraction", "ratio_mean", "ratio_max")
-                stats = {**{k: float(stats[k]) for k in names}, "rows": int(stats["rows"])} if tokens else {}
-                received[task_id] = Share(tensors_from_bytes(grads, params), tokens, stats)
-            except (KeyError, TypeError, ValueError) as e:
+                if tokens and not stats:
+                    raise ValueError("a share with signal and no statistics")
+                received[task_id] = Share(tensors_from_bytes(grads, params), tokens, stats if tokens else {})
+            except ValueError as e:
                 logger.warning("learner %s sent an unreadable gradient (%s): computing its share here", peer, e)
         return received
 

@@ -5,7 +5,12 @@ A team of learners (:mod:`peer.roles.team`) splits the update's groups into shar
 :func:`share_gradient` of its share's token-mean loss, and the leader combines them weighted by token count
 (:func:`combine`) — the gradient of the token-mean loss over all the groups, the same update one learner would make
 — then clips and steps (:func:`apply_gradient`). The clipped gradient goes to every learner, whose identical AdamW
-then makes the identical adapter.
+then makes the identical adapter. A share's weight is :func:`signal_tokens` of its groups, which the leader computes
+itself from the groups it assigned (a helper's own count is never trusted).
+
+What crosses the network is tensors as safetensors and numbers as msgpack, never pickle: a gradient
+(:func:`tensors_to_bytes`), and the AdamW state a learner joining the team takes (:func:`optimizer_state_to_wire`:
+per-parameter step counts and moments; the hyper-parameters are never sent, each learner keeps its own).
 """
 
 from __future__ import annotations
@@ -71,6 +76,11 @@ def batch_tensors(accepted: list, version: int, spec, pad_id: int, device) -> Ba
     )
 
 
+def signal_tokens(batch: Batch) -> int:
+    """Completion tokens of the rows that carry signal (a nonzero advantage): the share's weight in :func:`combine`."""
+    return int(batch.completion_mask[batch.advantages.ne(0)].sum())
+
+
 def share_gradient(model, batch: Batch, spec) -> Share | None:
     """The clipped loss's gradient over the rows of ``batch`` that carry signal; None when no row does."""
     rows = batch.advantages.ne(0).nonzero().flatten()
@@ -105,7 +115,7 @@ def share_gradient(model, batch: Batch, spec) -> Share | None:
         p.grad = None
     return Share(
         grads,
-        int(batch.completion_mask[rows].sum()),
+        signal_tokens(batch),
         {
             "loss": stats.loss,
             "clip_fraction": stats.clip_fraction,
@@ -181,14 +191,81 @@ def tensors_from_bytes(data: bytes, like: list[torch.Tensor]) -> list[torch.Tens
     return out
 
 
+MOMENTS = ("exp_avg", "exp_avg_sq")  # AdamW's per-parameter tensors (amsgrad adds max_exp_avg_sq)
+
+
+def _moments(optimizer) -> tuple[str, ...]:
+    amsgrad = any(group.get("amsgrad") for group in optimizer.param_groups)
+    return MOMENTS + (("max_exp_avg_sq",) if amsgrad else ())
+
+
+def _parameters(optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]  # state_dict()'s numbering
+
+
+def optimizer_state_to_wire(optimizer) -> dict:
+    """AdamW's per-parameter state as ``{"steps": [int, ...], "tensors": safetensors bytes}``: parameter ``i``'s step
+    count (0: no state yet) and its moments as tensors ``"{i}.exp_avg"``, ``"{i}.exp_avg_sq"``. The hyper-parameters
+    (learning rate, betas, weight decay...) are not sent: the receiver keeps its own."""
+    steps, tensors = [], {}
+    for i, p in enumerate(_parameters(optimizer)):
+        state = optimizer.state.get(p)
+        if not state:
+            steps.append(0)
+            continue
+        step = float(state["step"])
+        if step < 1 or step != int(step):
+            raise ValueError(f"parameter {i}'s AdamW step count is {step}")
+        steps.append(int(step))
+        tensors |= {f"{i}.{name}": state[name].detach().contiguous().cpu() for name in _moments(optimizer)}
+    return {"steps": steps if any(steps) else [], "tensors": st_save(tensors)}
+
+
+def optimizer_state_from_wire(optimizer, wire: dict) -> dict:
+    """The state dict to load into ``optimizer`` (:meth:`torch.optim.Optimizer.load_state_dict`) from another
+    learner's :func:`optimizer_state_to_wire`: its step counts and moments, checked against ``optimizer``'s
+    parameters (names, shapes, dtypes, finite values, second moments non-negative), and ``optimizer``'s own
+    hyper-parameters. ValueError on anything else."""
+    params, moments = _parameters(optimizer), _moments(optimizer)
+    steps = list(wire["steps"])
+    if len(steps) not in (0, len(params)):
+        raise ValueError(f"step counts for {len(steps)} parameters, this learner has {len(params)}")
+    try:
+        loaded = st_load(bytes(wire["tensors"]))
+    except Exception as e:  # safetensors raises its own error types on garbage
+        raise ValueError(f"unreadable AdamW moments: {e}") from None
+    expected = {f"{i}.{name}" for i, step in enumerate(steps) if step > 0 for name in moments}
+    if set(loaded) != expected:
+        raise ValueError(f"{len(loaded)} AdamW moment tensors where {len(expected)} were expected")
+    state = {}
+    for i, step in enumerate(steps):
+        if step == 0:
+            continue
+        entry = {"step": torch.tensor(float(step), dtype=torch.float32)}
+        for name in moments:
+            t, p = loaded[f"{i}.{name}"], params[i]
+            if t.shape != p.shape or t.dtype != p.dtype or not torch.isfinite(t).all():
+                raise ValueError(f"{i}.{name}: {list(t.shape)} {t.dtype}, expected finite {list(p.shape)} {p.dtype}")
+            if name != "exp_avg" and bool((t < 0).any()):
+                raise ValueError(f"{i}.{name}: a second moment below zero")
+            entry[name] = t
+        state[i] = entry
+    own = optimizer.state_dict()
+    return {"state": state, "param_groups": own["param_groups"]}
+
+
 __all__ = [
+    "MOMENTS",
     "Batch",
     "Share",
     "apply_gradient",
     "batch_tensors",
     "combine",
     "learn_step",
+    "optimizer_state_from_wire",
+    "optimizer_state_to_wire",
     "share_gradient",
+    "signal_tokens",
     "tensors_from_bytes",
     "tensors_to_bytes",
 ]
