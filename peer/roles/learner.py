@@ -22,7 +22,6 @@ it if it dies (docs/learner.md, "Several learners").
 
 from __future__ import annotations
 
-import io
 import json
 import queue
 import threading
@@ -434,21 +433,6 @@ class LearnerPeer:
         self.beat()
         if c.checkpoint_dir and self.made % c.checkpoint_every == 0:
             self.checkpoint()
-
-    def snapshot(self) -> dict:
-        """This learner's whole state, for a helper that is not in its recent lineage."""
-        s = self.session
-        buffer = io.BytesIO()
-        torch.save(self.optimizer.state_dict(), buffer)
-        parent = self.parent_sha
-        return {
-            "version": s.version,
-            "sha": s.sha,
-            "parent": parent or "",
-            "adapter": s.blob,
-            "optimizer": buffer.getvalue(),
-            "intake": self.intake.state(),
-        }
 
     def _record(self, parent, chosen, taus, seconds, stats, version=None, sha=None) -> dict:
         s = self.session
