@@ -2,7 +2,7 @@
 
 The test process is a third peer of the swarm: it reads the buckets, re-derives every prompt from its signer and
 seq, recomputes every reward and (for a sample) the behaviour log-probs, and announces adapter v1 as a learner
-would, then checks that the rollout peer switches to it.
+would (with the host's learner credential), then checks that the rollout peer switches to it.
 """
 
 import json
@@ -100,7 +100,10 @@ def test_rollout_peer_publishes_verifiable_groups_and_follows_a_new_adapter(tmp_
     assert 0.0 < sum(rewards) / len(rewards) < 1.0  # the bundled model is right about a third of the time
     assert check_logprobs(policy, fetched[0].group, spec, tolerance=2e-3) is None
 
-    # a learner announces v1: the peer hot-swaps, and its next groups carry v1 and its hash
+    # a learner (admitted by the host's credential) announces v1: the peer hot-swaps, its next groups carry v1
+    from peer.network.admission import parse_credential, publish_admission
+
+    assert publish_admission(swarm, parse_credential(info["learner_credential"]))
     with_noise = [p.data.add_(0.05 * p.data.abs().mean().clamp(min=1e-3)) for p in lora_parameters(policy)]
     assert with_noise
     v1 = adapter_to_bytes(policy)

@@ -134,10 +134,11 @@ class StandInLearner:
     heartbeats as a learner, so the rollout peer reads the learners' heartbeats for its pushes as in a run (with
     three peers every node replicates every key, so no entry goes anywhere but to the replicas)."""
 
-    def __init__(self, swarm, blobs, v0: bytes, interval: float, versions: int):
+    def __init__(self, swarm, blobs, v0: bytes, interval: float, versions: int, credential: str):
         import threading
 
         self.swarm, self.blobs_service, self.interval = swarm, blobs, interval
+        self.credential = credential  # the host's learner credential: followers take admitted learners' versions
         self.blobs = adapter_versions(v0, versions)
         self.parent = hashlib.sha256(v0).hexdigest()
         self.version = 0
@@ -145,9 +146,13 @@ class StandInLearner:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> StandInLearner:
+        from peer.network.admission import parse_credential, publish_admission
         from peer.network.heartbeat import Heartbeat
 
+        credential = parse_credential(self.credential)
+        publish_admission(self.swarm, credential)
         self.heartbeat = Heartbeat(self.swarm, "learner").start()
+        self.heartbeat.also.append(lambda: publish_admission(self.swarm, credential))
         self._thread.start()
         return self
 
@@ -229,7 +234,14 @@ def main() -> None:
             prompts = [peer.spec.task.example(0, i).prompt for i in range(args.batch_size)]
             total = (3 * args.rounds + 2) * args.seconds + 10
             v0 = adapter_to_bytes(peer.model)
-            learner = StandInLearner(announcer, blobs, v0, args.version_interval, int(total / args.version_interval))
+            learner = StandInLearner(
+                announcer,
+                blobs,
+                v0,
+                args.version_interval,
+                int(total / args.version_interval),
+                info["learner_credential"],
+            )
             learner.start()
             bare_round(peer, prompts, 1.0)  # warm-up of every path, not counted
             sampler_round(peer, prompts, 1.0)
