@@ -36,6 +36,7 @@ from hivemind.p2p import P2P, PeerID
 
 from peer.log import get_logger
 from peer.network.blobs_wire import CHUNK_SIZE, END, MAX_CHUNK, ProtocolError, write_chunk, write_end
+from peer.protocol.serialization import ContainerBudget, TooManyContainers
 
 logger = get_logger(__name__)
 
@@ -77,16 +78,8 @@ async def read_message(reader: asyncio.StreamReader, limit: int, max_containers:
 
 def unpack_message(data: bytes, max_containers: int | None = None) -> dict:
     """``data`` (one message's msgpack bytes) as a map with string keys, unpacked within bounds (module docstring)."""
-    containers = 0
-
-    def count(obj):
-        nonlocal containers
-        containers += 1
-        if max_containers is not None and containers > max_containers:
-            raise ProtocolError(f"more than {max_containers} maps and arrays")
-        return obj
-
     n = len(data)
+    budget = None if max_containers is None else ContainerBudget(max_containers)
     try:
         obj = msgpack.unpackb(
             data,
@@ -97,10 +90,10 @@ def unpack_message(data: bytes, max_containers: int | None = None) -> dict:
             max_array_len=n,
             max_map_len=n // 2,
             max_ext_len=0,  # no ext type (timestamps included) is part of a message
-            **({} if max_containers is None else {"list_hook": count, "object_hook": count}),
+            **({} if budget is None else {"list_hook": budget, "object_hook": budget}),
         )
-    except ProtocolError:
-        raise
+    except TooManyContainers:
+        raise ProtocolError(f"more than {max_containers} maps and arrays") from None
     except Exception as e:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"undecodable message ({type(e).__name__}: {e})"[:MAX_ERROR_CHARS]) from None
     if not isinstance(obj, dict):

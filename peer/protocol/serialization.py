@@ -38,7 +38,8 @@ def unpack(cls: type[R], data: bytes) -> R:
     limit = getattr(cls, "max_packed_bytes", MAX_DHT_VALUE_BYTES)
     if len(data) > limit:
         raise RecordError(f"the packed {what} is {len(data)} bytes, over its {limit}-byte limit, so it is refused.")
-    count = _Containers(getattr(cls, "max_containers", MAX_CONTAINERS), what)
+    limit = getattr(cls, "max_containers", MAX_CONTAINERS)
+    count = ContainerBudget(limit)
     try:
         obj = msgpack.unpackb(
             data,
@@ -50,8 +51,8 @@ def unpack(cls: type[R], data: bytes) -> R:
             max_array_len=MAX_ARRAY_LEN,
             max_map_len=MAX_MAP_LEN,
         )
-    except _TooMany as error:
-        raise RecordError(str(error)) from None
+    except TooManyContainers:
+        raise RecordError(f"the packed {what} holds over {limit} lists and maps, more than any valid one") from None
     except (ValueError, TypeError, msgpack.UnpackException) as error:
         detail = str(error) or type(error).__name__
         raise RecordError(f"the packed {what} is not valid msgpack ({detail}), so it is refused.") from None
@@ -99,22 +100,22 @@ MAX_ARRAY_LEN = 1024  # the longest list of any record (MAX_REVOKED invite ids)
 MAX_MAP_LEN = 256  # the largest map of any record (MAX_TALLIED producers; records have ~20 fields)
 
 
-class _TooMany(ValueError):
-    pass
+class TooManyContainers(ValueError):
+    """msgpack built more arrays and maps than a :class:`ContainerBudget` allows."""
 
 
-class _Containers:
-    """Counts the arrays and maps msgpack builds: an empty one is 1 byte packed and ~60 in memory, so a blob of
-    them could make a reader allocate ~50x its size before any schema looks at it; past the record type's bound,
-    unpacking stops."""
+class ContainerBudget:
+    """A ``list_hook`` / ``object_hook`` for ``msgpack.unpackb`` that counts the arrays and maps it builds: an
+    empty one is 1 byte packed and ~60 in memory, so bytes from the network could make a reader allocate ~50x
+    their size before any schema looks at them; past ``limit``, unpacking stops (:class:`TooManyContainers`)."""
 
-    def __init__(self, limit: int, what: str):
-        self.left, self.limit, self.what = limit, limit, what
+    def __init__(self, limit: int):
+        self.left = limit
 
     def __call__(self, obj):
         self.left -= 1
         if self.left < 0:
-            raise _TooMany(f"the packed {self.what} holds over {self.limit} lists and maps, more than any valid one")
+            raise TooManyContainers
         return obj
 
 
