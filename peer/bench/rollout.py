@@ -146,13 +146,11 @@ class StandInLearner:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> StandInLearner:
-        from peer.network.admission import parse_credential, publish_admission
+        from peer.network.admission import keep_admitted, parse_credential
         from peer.network.heartbeat import Heartbeat
 
-        credential = parse_credential(self.credential)
-        publish_admission(self.swarm, credential)
         self.heartbeat = Heartbeat(self.swarm, "learner").start()
-        self.heartbeat.also.append(lambda: publish_admission(self.swarm, credential))
+        keep_admitted(self.swarm, self.heartbeat, parse_credential(self.credential))
         self._thread.start()
         return self
 

@@ -235,6 +235,12 @@ def publish_admission(swarm, credential: Credential, ttl: float = RECORD_TTL) ->
     )
 
 
+def keep_admitted(swarm, heartbeat, credential: Credential) -> bool:
+    """Publish this learner's admission and re-store it with every beat of ``heartbeat``; whether a node took it."""
+    heartbeat.also.append(lambda: publish_admission(swarm, credential))
+    return publish_admission(swarm, credential)
+
+
 @dataclass(frozen=True)
 class Admission:
     """A learner the coordinator admitted, as this peer verified it."""
@@ -389,6 +395,7 @@ __all__ = [
     "bind",
     "check_binding",
     "issue_credential",
+    "keep_admitted",
     "learner_record",
     "parse_credential",
     "publish_admission",

@@ -210,7 +210,7 @@ def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
 
 def _admit_self(session: Session, credential) -> None:
     """A learner: check its credential against this run's coordinator, publish its admission, keep it stored."""
-    from peer.network.admission import CredentialError, publish_admission, verify_certificate
+    from peer.network.admission import CredentialError, keep_admitted, verify_certificate
 
     try:
         certificate = verify_certificate(credential.certificate.raw, session.spec.coordinator_key, session.spec.run_id)
@@ -220,9 +220,8 @@ def _admit_self(session: Session, credential) -> None:
             "credential in the learn line that run's `hivegrpo host` printed, or ask its host for one "
             "(`hivegrpo invite --role learner`)"
         ) from None
-    if not publish_admission(session.swarm, credential):
+    if not keep_admitted(session.swarm, session.heartbeat, credential):
         raise UserError("no DHT node accepted this learner's admission record; check this peer's connection")
-    session.heartbeat.also.append(lambda: publish_admission(session.swarm, credential))
     session.admitted.learners(force=True)
     logger.info("admitted as a learner of the run (credential %s)", certificate.credential_id)
 

@@ -49,11 +49,9 @@ def main() -> None:
     blobs = BlobService(swarm.dht, BlobCache(cache_dir / "blobs"), transform=transform)
     heartbeat = Heartbeat(swarm, "rollout").start()
     if args.learner_credential:
-        from peer.network.admission import parse_credential, publish_admission
+        from peer.network.admission import keep_admitted, parse_credential
 
-        credential = parse_credential(args.learner_credential)
-        publish_admission(swarm, credential)
-        heartbeat.also.append(lambda: publish_admission(swarm, credential))
+        keep_admitted(swarm, heartbeat, parse_credential(args.learner_credential))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
