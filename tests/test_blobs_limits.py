@@ -63,7 +63,7 @@ def test_streams_waiting_for_their_request_are_capped_and_dropped_at_the_request
 
     async def scenario(server_p2p, clients):
         stranger, sybil, honest = clients
-        server = BlobServer(server_p2p, store, request_timeout=2.0, max_waiting=5, max_waiting_per_peer=3)
+        server = BlobServer(server_p2p, store, request_timeout=4.0, max_waiting=5, max_waiting_per_peer=3)
 
         async def fetch(name: str):
             return await fetch_blob(honest, sha, len(data), [server_p2p.peer_id], BlobCache(tmp_path / name))
@@ -76,14 +76,16 @@ def test_streams_waiting_for_their_request_are_capped_and_dropped_at_the_request
                 await wait_until(lambda: server.stats.requests == 4, "the server saw the stranger's 4 streams")
                 assert (server.waiting, server.stats.crowded, server.serving) == (3, 1, 0)
                 assert (await fetch("a")).read_bytes() == data, "3 silent streams must not keep a peer out"
+                # the honest stream lingers briefly after its transfer, held without a slot like the silent ones
+                await wait_until(lambda: server.waiting == 3, "the honest stream's linger ended")
                 writers += await open_streams(sybil, server_p2p, 3)
                 await wait_until(lambda: server.stats.requests == 8, "the server saw the sybil's 3 streams")
                 assert (server.waiting, server.stats.crowded) == (5, 2)
                 with pytest.raises(BlobUnavailable, match="dropped the stream after 0 bytes"):
                     await fetch("b")  # the cap in all: closed at once, unanswered
                 assert server.stats.crowded == 3
-                await wait_until(lambda: server.stats.header_timeout == 5, "the 5 silent streams timed out", 8)
-                assert time.monotonic() - opened >= 2.0
+                await wait_until(lambda: server.stats.header_timeout == 5, "the 5 silent streams timed out", 12)
+                assert time.monotonic() - opened >= 4.0
                 await wait_until(lambda: server.waiting == 0, "no stream held any more")
                 assert (await fetch("c")).read_bytes() == data
             finally:
@@ -163,6 +165,8 @@ def test_one_peer_gets_at_most_its_share_of_the_slots_and_each_refusal_is_counte
             reads += [read(second) for _ in range(2)]
             await wait_until(lambda: (server.serving, server.stats.busy) == (3, 1), "3 served, 1 busy")
             outcomes = await asyncio.gather(*reads, return_exceptions=True)
+            # a stream is let go once its client closed it too (the server lingers for that, briefly)
+            await wait_until(lambda: (server.serving, server.waiting) == (0, 0), "every stream let go")
         served = [o for o in outcomes if isinstance(o, bytes)]
         refused = [str(o) for o in outcomes if isinstance(o, ProviderFailed)]
         assert len(served) == 3 and len(refused) == 2, outcomes
@@ -170,7 +174,6 @@ def test_one_peer_gets_at_most_its_share_of_the_slots_and_each_refusal_is_counte
         assert all("busy" in r for r in refused), refused
         s = server.stats
         assert (s.requests, s.served, s.refused, s.peer_limit, s.busy, s.unauthorized) == (5, 3, 2, 1, 1, 0)
-        assert (server.serving, server.waiting) == (0, 0)
 
     asyncio.run(with_peers(2, scenario))
 
