@@ -33,8 +33,36 @@ def _task_config(text: str | None) -> dict:
     return value
 
 
+def _device(ctx, param, value: str) -> str:
+    from peer.model.config import check_device
+
+    try:
+        return check_device(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _device_options(f):
+    """``--device`` and ``--dtype``: where this machine computes and in what precision (a peer's own choice)."""
+    f = click.option(
+        "--dtype",
+        type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+        default="auto",
+        show_default=True,
+        help="Compute dtype. auto: bfloat16 on a GPU that has it (else float16), float32 on CPU.",
+    )(f)
+    f = click.option(
+        "--device",
+        default="auto",
+        show_default=True,
+        callback=_device,
+        help="cpu, cuda (the first GPU), cuda:N (GPU N) or auto (a GPU when torch sees one).",
+    )(f)
+    return f
+
+
 def _model_options(f):
-    f = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)(f)
+    f = _device_options(f)
     f = click.option(
         "--quantization",
         type=click.Choice(["nf4", "int8", "none"]),
@@ -263,7 +291,7 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
     default=None,
     help="Base weights as nf4/int8 (bitsandbytes) or none. Default: what the run's manifest says.",
 )
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@_device_options
 @click.option(
     "--batch-size",
     default="auto",
@@ -291,6 +319,7 @@ def join_cmd(
     allow_task,
     quantization,
     device,
+    dtype,
     batch_size,
     max_groups,
     max_inflight,
@@ -319,6 +348,7 @@ def join_cmd(
         allowed_tasks=allow_task,
         quantization=quantization,
         device=device,
+        dtype=dtype,
         batch_size=None if batch_size == "auto" else int(batch_size),
         max_groups=max_groups,
         max_inflight=max_inflight,
@@ -348,7 +378,7 @@ def join_cmd(
     default=None,
     help="Base weights as nf4/int8 (bitsandbytes) or none. Default: what the run's manifest says.",
 )
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@_device_options
 @click.option(
     "--checkpoint-dir",
     type=click.Path(file_okay=False),
@@ -398,6 +428,7 @@ def learn_cmd(
     allow_task,
     quantization,
     device,
+    dtype,
     checkpoint_dir,
     checkpoint_every,
     max_versions,
@@ -427,6 +458,7 @@ def learn_cmd(
         learner_credential=learner_credential,
         quantization=quantization,
         device=device,
+        dtype=dtype,
         cache_dir=Path(cache_dir).expanduser(),
         checkpoint_dir=Path(checkpoint_dir).expanduser() if checkpoint_dir else None,
         checkpoint_every=checkpoint_every,
@@ -496,14 +528,16 @@ def status_cmd(run_id, coordinator, watch, as_json, **network):
 @click.option("--max-new-tokens", type=click.IntRange(1), default=6, show_default=True)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def eval_cmd(model, quantization, device, task, task_config, adapter, n, seed, max_new_tokens, threads, as_json):
+def eval_cmd(
+    model, quantization, device, dtype, task, task_config, adapter, n, seed, max_new_tokens, threads, as_json
+):
     """Greedy exact match of a model (and adapter) on the task's held-out set."""
     _threads(threads)
     from peer.model.config import ModelConfig
     from peer.model.evaluate import evaluate_model
     from peer.tasks import get_task
 
-    model_config = ModelConfig(name=model, quantization=quantization, device=device)
+    model_config = ModelConfig(name=model, quantization=quantization, device=device, dtype=dtype)
     result = evaluate_model(
         model_config, get_task(task, _task_config(task_config)), adapter, n=n, seed=seed, max_new_tokens=max_new_tokens
     )
@@ -529,7 +563,7 @@ def eval_cmd(model, quantization, device, task, task_config, adapter, n, seed, m
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the curve as JSON here.")
 @click.option("--save-adapter", type=click.Path(dir_okay=False), default=None, help="Write the final adapter here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def train_local(model, quantization, device, task, task_config, threads, as_json, **options):
+def train_local(model, quantization, device, dtype, task, task_config, threads, as_json, **options):
     """The synchronous single-process GRPO reference loop (the baseline for every swarm result)."""
     _threads(threads)
     from peer.roles.reference import ReferenceConfig, run_reference
@@ -538,6 +572,7 @@ def train_local(model, quantization, device, task, task_config, threads, as_json
         model=model,
         quantization=quantization,
         device=device,
+        dtype=dtype,
         task=task,
         task_config=_task_config(task_config),
         **options,

@@ -209,3 +209,41 @@ def test_missing_model_gives_one_clear_error(tmp_path):
         load_base(ModelConfig(name=str(tmp_path / "empty"), quantization="none", device="cpu"))
     with pytest.raises(ValueError, match="quantization must be one of"):
         ModelConfig(quantization="fp3")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_compute_dtype_runs_on_cpu_with_the_same_adapter_bytes(dtype):
+    """``--dtype`` is a peer's own choice: the base computes in it (on CPU too), the LoRA stays float32, so the
+    adapter a 16-bit peer holds serializes to the same bytes (and sha256) as a float32 peer's."""
+    base = load_base(ModelConfig(name="bundled", quantization="nf4", device="cpu", dtype=dtype))
+    assert base.dtype == getattr(torch, dtype)
+    model = attach_lora(base.model, LoRAConfig())
+    assert {p.dtype for p in lora_parameters(model)} == {torch.float32}
+    ids, mask = encode_prompts(base.tokenizer, PROMPTS, torch.device("cpu"))
+    assert model(input_ids=ids, attention_mask=mask).logits.dtype == getattr(torch, dtype)
+    reference, _ = _lora_model("nf4")
+    assert adapter_to_bytes(model) == adapter_to_bytes(reference)
+
+
+def test_device_and_dtype_are_checked_with_one_clear_error():
+    from peer.model.config import check_device
+    from peer.model.loading import resolve_device, resolve_dtype
+
+    assert [check_device(d) for d in ("auto", "cpu", "cuda", "cuda:0", "cuda:12")] == [
+        "auto",
+        "cpu",
+        "cuda",
+        "cuda:0",
+        "cuda:12",
+    ]
+    for bad in ("gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", "mps:0"):
+        with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N"):
+            ModelConfig(device=bad)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        ModelConfig(dtype="fp8")
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="sees no CUDA device; use --device cpu or auto"):
+            resolve_device("cuda:1")
+        assert resolve_device("auto") == torch.device("cpu")

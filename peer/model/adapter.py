@@ -46,12 +46,31 @@ def attach_lora(model, config: LoRAConfig) -> PeftModel:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.init_seed)
-        peft_model = get_peft_model(model, peft_config)
+    peft_model = get_peft_model(model, peft_config)
+    initialize_lora(peft_model, config.init_seed)
     for name, param in peft_model.named_parameters():
         param.requires_grad_("lora_" in name)
     return peft_model
+
+
+def initialize_lora(model: PeftModel, seed: int) -> None:
+    """peft's default LoRA start (A Kaiming-uniform with a = sqrt(5), B zero) drawn in float32 on the CPU from
+    ``seed``, A matrices in module order, then copied to wherever the parameters live.
+
+    peft draws A in the base model's dtype and on its device, so a bfloat16 base or a GPU would make another v0
+    than the host's float32 CPU one, and the peer would refuse the run's manifest. Drawn here, v0 depends on the
+    seed and the LoRA shape only.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_A" in name:
+                fan_in = param.shape[1]  # kaiming_uniform_(a=sqrt(5)): bound = sqrt(6 / ((1 + 5) * fan_in))
+                bound = 1.0 / fan_in**0.5
+                draw = torch.rand(param.shape, generator=generator, dtype=torch.float32) * (2 * bound) - bound
+                param.copy_(draw)
+            elif "lora_B" in name:
+                param.zero_()
 
 
 def lora_parameters(model: PeftModel) -> list[torch.nn.Parameter]:

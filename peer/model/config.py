@@ -5,8 +5,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 QUANTIZATIONS = ("nf4", "int8", "none")
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda")  # and "cuda:N", one GPU by its index
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def check_device(device: str) -> str:
+    """``device`` if it names one this project runs on (``auto``, ``cpu``, ``cuda``, ``cuda:N``), else ValueError."""
+    if device in DEVICES:
+        return device
+    index = device.removeprefix("cuda:")
+    if device.startswith("cuda:") and index.isdigit() and len(index) <= 3:
+        return device
+    raise ValueError(f"device must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1), got {device!r}")
 
 
 def _from_dict(cls, data: dict):
@@ -21,14 +32,22 @@ def _from_dict(cls, data: dict):
 class ModelConfig:
     name: str = field(default="bundled", metadata={"help": "'bundled', a local directory, or a model hub id"})
     quantization: str = field(default="nf4", metadata={"help": "base weights as nf4 or int8 (bitsandbytes), or none"})
-    device: str = field(default="auto", metadata={"help": "cpu, cuda, or auto (cuda when available)"})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N (GPU N), or auto (cuda when available)"})
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "compute dtype: float32, bfloat16, float16, or auto (bfloat16 on a GPU that has it, else "
+            "float16 on a GPU, float32 on CPU)"
+        },
+    )
     revision: str | None = field(default=None, metadata={"help": "hub revision (ignored for local models)"})
 
     def __post_init__(self):
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
-        if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        check_device(self.device)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if not self.name:
             raise ValueError("model name is empty: pass 'bundled', a local directory or a hub id")
 

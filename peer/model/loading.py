@@ -39,6 +39,7 @@ class LoadedBase:
     source: str  # the directory or hub id it came from
     device: torch.device
     quantization: str
+    dtype: torch.dtype = torch.float32  # the compute dtype of the forward passes
 
 
 def bundled_path() -> Path:
@@ -47,11 +48,44 @@ def bundled_path() -> Path:
 
 
 def resolve_device(device: str) -> torch.device:
+    """``auto`` → the first GPU when torch sees one, else the CPU; ``cuda``/``cuda:N`` only if that GPU exists."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto")
-    return torch.device(device)
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ModelLoadError(
+            f"--device {device} was asked for but torch sees no CUDA device; use --device cpu or auto"
+        )
+    index = int(device.removeprefix("cuda").removeprefix(":") or 0)
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ModelLoadError(
+            f"--device {device}: torch sees {count} GPU(s), numbered 0 to {count - 1}; pick one of those"
+        )
+    return torch.device("cuda", index)
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """The compute dtype: as asked, or ``auto`` → float32 on CPU, bfloat16 on a GPU that supports it, else float16.
+
+    Any of the three runs on CPU too (slower in 16 bits), so a mixed-precision swarm can be tried on one machine. A
+    GPU without bfloat16 (before Ampere) is refused for it, with the dtype to use instead.
+    """
+    if dtype == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        name = torch.cuda.get_device_name(device)
+        raise ModelLoadError(f"--dtype bfloat16: {name} does not support bfloat16; use --dtype float16 or auto")
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ModelLoadError(f"--dtype must be auto, float32, bfloat16 or float16, got {dtype!r}") from None
 
 
 def resolve_source(name: str) -> str:
@@ -71,7 +105,7 @@ def resolve_source(name: str) -> str:
     return name  # a hub id, resolved by transformers (and its cache) at load time
 
 
-def _quantization_config(quantization: str, device: torch.device):
+def _quantization_config(quantization: str, dtype: torch.dtype):
     if quantization == "none":
         return None
     try:
@@ -80,8 +114,7 @@ def _quantization_config(quantization: str, device: torch.device):
     except ImportError as e:  # pragma: no cover - bitsandbytes is a dependency
         raise ModelLoadError(f"bitsandbytes is not importable ({e}); install it or use --quantization none") from e
     if quantization == "nf4":
-        compute = torch.bfloat16 if device.type == "cuda" else torch.float32
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute)
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype)
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
@@ -110,10 +143,10 @@ def load_tokenizer(source: str, revision: str | None = None) -> PreTrainedTokeni
 def load_base(config: ModelConfig) -> LoadedBase:
     """Load the frozen base model and its tokenizer as ``config`` says."""
     device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
     source = resolve_source(config.name)
-    quant = _quantization_config(config.quantization, device)
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    device_map = {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}
+    quant = _quantization_config(config.quantization, dtype)
+    device_map = {"": device.index} if device.type == "cuda" else {"": "cpu"}
     revision = None if Path(source).exists() else config.revision
     try:
         with warnings.catch_warnings():
@@ -130,5 +163,5 @@ def load_base(config: ModelConfig) -> LoadedBase:
     disable_cpu_weight_repacking(model)
     model.requires_grad_(False)
     model.eval()
-    logger.info("loaded %s (%s, %s)", config.name, config.quantization, device)
-    return LoadedBase(model, tokenizer, source, device, config.quantization)
+    logger.info("loaded %s (%s, %s, %s)", config.name, config.quantization, str(dtype).removeprefix("torch."), device)
+    return LoadedBase(model, tokenizer, source, device, config.quantization, dtype)

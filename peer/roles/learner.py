@@ -70,6 +70,7 @@ class LearnerConfig:
     coordinator: str | None = None
     quantization: str | None = None
     device: str = "auto"
+    dtype: str = "auto"  # compute dtype: auto, float32, bfloat16 or float16
     cache_dir: Path = field(default_factory=default_cache_dir)
     heartbeat_interval: float = 10.0
     allowed_tasks: tuple[str, ...] = ()  # plug-in task modules the manifest may name (--allow-task)
@@ -98,15 +99,16 @@ class LearnerConfig:
 
     def session_config(self) -> SessionConfig:
         return SessionConfig(
-            self.run_id,
-            self.network,
-            self.coordinator,
-            self.quantization,
-            self.device,
-            self.cache_dir,
-            self.heartbeat_interval,
-            self.allowed_tasks,
-            self.learner_credential,
+            run_id=self.run_id,
+            network=self.network,
+            coordinator=self.coordinator,
+            quantization=self.quantization,
+            device=self.device,
+            dtype=self.dtype,
+            cache_dir=self.cache_dir,
+            heartbeat_interval=self.heartbeat_interval,
+            allowed_tasks=self.allowed_tasks,
+            learner_credential=self.learner_credential,
         )
 
 

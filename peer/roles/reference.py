@@ -54,9 +54,9 @@ class ReferenceConfig:
             raise ValueError(f"lr must be positive, got {self.lr}")
 
     @classmethod
-    def build(cls, *, model, quantization, device, group_size, **options) -> ReferenceConfig:
+    def build(cls, *, model, quantization, device, group_size, dtype="auto", **options) -> ReferenceConfig:
         return cls(
-            model=ModelConfig(name=model, quantization=quantization, device=device),
+            model=ModelConfig(name=model, quantization=quantization, device=device, dtype=dtype),
             sampling=SamplingConfig(group_size=group_size),
             **options,
         )

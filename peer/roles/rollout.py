@@ -54,6 +54,7 @@ class RolloutConfig:
     coordinator: str | None = None  # fingerprint of the host's key; None: the only manifest there is
     quantization: str | None = None  # None: as the manifest says
     device: str = "auto"
+    dtype: str = "auto"  # compute dtype: auto, float32, bfloat16 or float16
     batch_size: int | None = None  # prompts per batch; None: sized to free memory
     max_groups: int | None = None  # stop after publishing this many
     max_inflight: int | None = None  # groups at the newest version before waiting; None: 2 x groups_per_version
@@ -79,14 +80,15 @@ class RolloutConfig:
 
     def session_config(self) -> SessionConfig:
         return SessionConfig(
-            self.run_id,
-            self.network,
-            self.coordinator,
-            self.quantization,
-            self.device,
-            self.cache_dir,
-            self.heartbeat_interval,
-            self.allowed_tasks,
+            run_id=self.run_id,
+            network=self.network,
+            coordinator=self.coordinator,
+            quantization=self.quantization,
+            device=self.device,
+            dtype=self.dtype,
+            cache_dir=self.cache_dir,
+            heartbeat_interval=self.heartbeat_interval,
+            allowed_tasks=self.allowed_tasks,
         )
 
 

@@ -53,6 +53,7 @@ class SessionConfig:
     coordinator: str | None = None  # fingerprint of the host's key; None: the only manifest there is
     quantization: str | None = None  # None: as the manifest says
     device: str = "auto"
+    dtype: str = "auto"  # compute dtype (a peer's own choice: verification tolerates any of the three)
     cache_dir: Path = field(default_factory=default_cache_dir)
     heartbeat_interval: float = 10.0
     allowed_tasks: tuple[str, ...] = ()  # plug-in task modules a manifest may name (--allow-task); none by default
@@ -202,7 +203,7 @@ def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
             quantization,
             manifest.model.quantization,
         )
-    base = load_base(ModelConfig(name=str(folder), quantization=quantization, device=c.device))
+    base = load_base(ModelConfig(name=str(folder), quantization=quantization, device=c.device, dtype=c.dtype))
     session.model, session.tokenizer, session.device = attach_lora(base.model, spec.lora), base.tokenizer, base.device
     _load_newest_adapter(session)
     return session
