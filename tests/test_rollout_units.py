@@ -7,6 +7,7 @@ import shutil
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import msgpack
@@ -420,6 +421,50 @@ def test_resolve_base_refuses_a_file_that_hashes_wrong(tmp_path):
     assert not cache.has(wrong)
     assert cache.list() == []
     assert not (tmp_path / "models").exists() or list((tmp_path / "models").iterdir()) == []
+
+
+def _hub_cache(root, repo_id: str, source) -> Path:
+    """A Hugging Face cache holding ``source``'s files as the hub's client lays them out (blobs, a snapshot of
+    links, refs/main)."""
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "blobs").mkdir()
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for path in sorted(source.iterdir()):
+        if path.is_file():
+            blob = repo / "blobs" / sha256_file(path)[0]
+            blob.write_bytes(path.read_bytes())
+            (snapshot / path.name).symlink_to(blob)
+    return snapshot
+
+
+def test_resolve_base_uses_a_hub_model_already_in_the_hugging_face_cache(tmp_path, monkeypatch):
+    """A hub model a user downloaded before is taken from the Hugging Face cache once each file hashes to the
+    manifest's sha256 (no P2P, no hub); a file there that hashes otherwise is not used, and the error says so."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    snapshot = _hub_cache(tmp_path / "hf", "someone/tiny-llama", bundled_path())
+    spec = ModelSpec(name="someone/tiny-llama", revision=None, quantization="nf4", files=model_files(bundled_path()))
+
+    def no_fetch(sha256, size, progress):
+        raise AssertionError("a file in the Hugging Face cache was fetched over P2P")
+
+    cache = BlobCache(tmp_path / "blobs")
+    folder = resolve_base(spec, cache, tmp_path / "models", fetch=no_fetch)
+    for f in spec.files:
+        assert sha256_file(folder / f.path) == (f.sha256, f.size)
+        assert cache.path(f.sha256).resolve() == (snapshot / f.path).resolve()  # adopted where it is, not copied
+
+    (snapshot / "config.json").unlink()  # now the cached config.json is another file
+    (snapshot / "config.json").write_text("{}")
+    config = next(f for f in spec.files if f.path == "config.json")
+    with pytest.raises(ModelSourceError, match=r"'config.json'.*hashes to") as error:
+        resolve_base(spec, BlobCache(tmp_path / "blobs2"), tmp_path / "models2", fetch=None)
+    assert str(snapshot / "config.json") in str(error.value) and config.sha256[:12] in str(error.value)
 
 
 # ---------------------------------------------------------------------------------------------------- verification

@@ -3,9 +3,10 @@
 The manifest lists each file of the base model (relative path, sha256, size). :func:`resolve_base` makes a model
 folder holding exactly those files, trying sources in order, per file:
 
-1. **local**: the peer's blob cache (files fetched before), and the packaged model when the manifest names
-   ``bundled`` and its file hashes to the manifest's (a host's local folder is published by its base name only,
-   which is never looked up on this disk);
+1. **local**: the peer's blob cache (files fetched before), the packaged model when the manifest names
+   ``bundled``, and the Hugging Face cache (``~/.cache/huggingface/hub`` or ``HF_HUB_CACHE``) when it names a hub
+   id — a file is used where it is only if it hashes to the manifest's sha256 (a host's local folder is published
+   by its base name only, which is never looked up on this disk);
 2. **P2P**: any live peer of the swarm (the coordinator first) that serves the blob — every peer that loaded the
    model serves its files from its cache;
 3. **hub**: the model hub id the manifest names (``huggingface_hub.hf_hub_download`` at the manifest's revision).
@@ -100,15 +101,32 @@ class _ProgressBar:
             self._bar.stop()
 
 
+def _hub_cached(spec: ModelSpec, path: str) -> Path | None:
+    """Where the Hugging Face cache holds ``path`` of the manifest's hub model (at its revision), without asking
+    the network; None when it does not (or the name is no hub id)."""
+    if not _is_hub_id(spec.name):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(spec.name, path, revision=spec.revision)
+    except Exception:  # a malformed cache or name: the other sources are tried
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
 def _from_local(spec: ModelSpec, cache: BlobCache, missing: list[ModelFile], why: dict[str, list[str]]) -> None:
     folder = _local_folder(spec.name)
     for f in list(missing):
         if cache.has(f.sha256):
             missing.remove(f)
             continue
-        if folder is None:
-            continue
-        candidate = folder / f.path
+        if folder is not None:
+            candidate = folder / f.path
+        else:
+            candidate = _hub_cached(spec, f.path)
+            if candidate is None:
+                continue
         if not candidate.is_file():
             why[f.path].append(f"local: {candidate} does not exist")
             continue
