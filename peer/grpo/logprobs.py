@@ -26,6 +26,7 @@ positions (GPT-2 style) would see every padded row shifted and its log-probs wou
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,6 +53,36 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     scaled = logits.float() / temperature
     picked = scaled.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(scaled, dim=-1)
+
+
+@dataclass(frozen=True)
+class TokenStats:
+    """Each sampled token's log-prob with the mean and variance sampling would give it (all float32 [...]).
+
+    Under honest sampling from ``p = softmax(logits / temperature)`` the sampled token's log-prob ``logprobs`` has
+    mean ``-entropy`` (``H = -sum p log p``) and variance ``variance`` (``sum p (log p)^2 - H^2``). Summed over the
+    many tokens of sampled text, ``(sum logprobs + sum entropy) / sqrt(sum variance)`` is then about N(0, 1); text
+    the policy would not sample (chosen, or sampled from another policy) lands far out in its tails.
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    variance: torch.Tensor
+
+
+def token_stats(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> TokenStats:
+    """:class:`TokenStats` of ``tokens`` under ``log_softmax(logits.float() / temperature)``: logits [..., V].
+
+    ``logprobs`` are exactly :func:`token_logprobs`'s. Builds the full [..., V] distribution (a verifier's cost,
+    not the loss's).
+    """
+    logprobs = token_logprobs(logits, tokens, temperature)
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    p = logp.exp()
+    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))  # 0 log 0 = 0 where a logit is -inf
+    entropy = -plogp.sum(-1)
+    second = (plogp * torch.where(p > 0, logp, torch.zeros_like(p))).sum(-1)
+    return TokenStats(logprobs, entropy, (second - entropy * entropy).clamp(min=0.0))
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -119,6 +150,18 @@ def completion_logprobs(
     the [B, P, V] prompt logits are never built; leave it off for a model that does not take that argument.
     Gradients flow into the model's parameters unless the caller runs this under ``torch.no_grad()``.
     """
+    logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep)
+    return token_logprobs(logits, completion_ids, temperature)
+
+
+def _completion_logits(
+    model: CausalLM,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    logits_to_keep: bool,
+) -> torch.Tensor:
+    """The logits [B, C, V] that predict each completion token (see :func:`completion_logprobs`)."""
     _check_prompt_layout(prompt_ids, prompt_mask, completion_ids)
     completion_len = completion_ids.shape[1]
     attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids, dtype=prompt_mask.dtype)], dim=1)
@@ -136,7 +179,22 @@ def completion_logprobs(
             f">= {completion_len + 1}, V]."
         )
     # The logit at position t predicts token t + 1: the last prompt position predicts the first completion token.
-    return token_logprobs(logits[:, -(completion_len + 1) : -1], completion_ids, temperature)
+    return logits[:, -(completion_len + 1) : -1]
+
+
+def completion_token_stats(
+    model: CausalLM,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    temperature: float,
+    *,
+    logits_to_keep: bool = False,
+) -> TokenStats:
+    """:func:`completion_logprobs` (the same forward pass, the same ``logprobs``) with each token's
+    :class:`TokenStats`, float32 [B, C]; for a verifier, so run it under ``torch.no_grad()``."""
+    logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep)
+    return token_stats(logits, completion_ids, temperature)
 
 
 def sequence_logprobs(
