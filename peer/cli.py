@@ -407,7 +407,8 @@ def join_cmd(
     type=click.FloatRange(min=0, min_open=True),
     default=0.05,
     show_default=True,
-    help="Largest per-token log-prob difference a spot check accepts.",
+    help="Median per-token log-prob difference (nats) a spot check accepts over a group; its other nat "
+    "thresholds scale with it (docs/reliability.md, Verification).",
 )
 @click.option("--ledger", type=click.Path(dir_okay=False), default=None, help="Append per-version JSON lines here.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default="~/.cache/hivegrpo", show_default=True)

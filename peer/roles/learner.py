@@ -55,7 +55,7 @@ from peer.roles.update import (
     learn_step,
     share_gradient,
 )
-from peer.roles.verify import Refused, check_logprobs_many
+from peer.roles.verify import LogprobCheck, Refused, check_logprobs_many
 
 logger = get_logger(__name__)
 
@@ -82,7 +82,7 @@ class LearnerConfig:
     max_grad_norm: float = 1.0
     share_cap: float = 0.5  # most of one update a single signer may give (when others contribute)
     check_rate: float = 0.1  # fraction of groups whose behaviour log-probs are recomputed
-    logprob_tolerance: float = 0.05  # nats per token
+    logprob_tolerance: float = 0.05  # median |Δ| nats over a group's tokens; LogprobCheck.with_tolerance
     poll_interval: float = 0.25
     ledger: Path | None = None  # JSON lines: per version, the groups in its update and the metrics
     barrier: bool = False  # benchmark knob (docs/benchmarks.md): wait for every peer's share at each version
@@ -363,9 +363,9 @@ class LearnerPeer:
                     continue
                 _copy_into(params, known[1])
                 these = [a for a in pending if a.group.version == version]
-                tolerance = self.config.logprob_tolerance
+                check = LogprobCheck.with_tolerance(self.config.logprob_tolerance)
                 for a, refused in zip(
-                    these, check_logprobs_many(s.model, [a.group for a in these], s.spec, tolerance), strict=True
+                    these, check_logprobs_many(s.model, [a.group for a in these], s.spec, check=check), strict=True
                 ):
                     if refused is not None and a.owner not in self.intake.banned:
                         logger.warning("banned %s for this run: %s", key_fingerprint(a.owner), refused)
