@@ -17,7 +17,7 @@ A learner step composes them::
 """
 
 from peer.grpo.advantages import group_advantages, has_signal
-from peer.grpo.config import LossConfig, SamplingConfig, StalenessConfig
+from peer.grpo.config import LossConfig, PromptConfig, SamplingConfig, StalenessConfig
 from peer.grpo.logprobs import (
     completion_logprobs,
     completion_mask,
@@ -32,6 +32,7 @@ __all__ = [
     "WEIGHTINGS",
     "LossConfig",
     "LossStats",
+    "PromptConfig",
     "SamplingConfig",
     "StalenessConfig",
     "accept",

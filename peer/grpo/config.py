@@ -21,7 +21,7 @@ _C = TypeVar("_C", bound="_DictConfig")
 
 
 class _DictConfig:
-    """Dict round-trip and field checks shared by the configs below (all fields are plain scalars)."""
+    """Dict round-trip and field checks shared by the configs below (plain scalars, and tuples of strings)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict, ready for JSON or msgpack."""
@@ -82,6 +82,76 @@ class SamplingConfig(_DictConfig):
         self._int("group_size", 2, 256)
         self._float("temperature", "> 0", lambda v: v > 0)
         self._int("max_new_tokens", 1, 4096)
+
+
+CHAT_TEMPLATES = ("none", "auto")
+MAX_SYSTEM_PROMPT_CHARS = 1024
+MAX_STOP_STRINGS = 8
+MAX_STOP_CHARS = 32
+
+
+@dataclass(frozen=True)
+class PromptConfig(_DictConfig):
+    """How a task's question becomes the model's prompt tokens, and which strings end a completion.
+
+    Every peer renders prompts with :func:`peer.model.prompts.prompt_ids` from this config: a rollout peer to sample,
+    a learner to check that a group's prompt tokens are its example's, the evaluator to score. The defaults are the
+    raw question with no template and no stop strings (base models, the bundled model). An instruct model wants
+    ``chat_template="auto"``: its tokenizer's own template, with ``system_prompt`` as the system turn.
+
+    A manifest comes from anyone, so sizes are bounded: the system prompt and the stop strings travel inside the
+    manifest's GRPO document, which the protocol caps at 4,096 characters.
+    """
+
+    chat_template: str = field(
+        default="none",
+        metadata=_help(
+            "none: the question as plain text (today's prompts); auto: the tokenizer's own chat template, with"
+            " the question as the user turn"
+        ),
+    )
+    system_prompt: str = field(
+        default="",
+        metadata=_help(
+            f"system turn of the chat template (at most {MAX_SYSTEM_PROMPT_CHARS} characters); empty: none, the"
+            " template's own default applies; needs chat_template=auto"
+        ),
+    )
+    stop: tuple[str, ...] = field(
+        default=(),
+        metadata=_help(
+            f"strings that end a completion once its text contains one (at most {MAX_STOP_STRINGS}, each 1 to"
+            f" {MAX_STOP_CHARS} characters); the reward sees the text up to the first of them"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        if not isinstance(self.chat_template, str) or self.chat_template not in CHAT_TEMPLATES:
+            raise ValueError(
+                f"{name}.chat_template must be one of {list(CHAT_TEMPLATES)}, got {self.chat_template!r}."
+            )
+        if not isinstance(self.system_prompt, str):
+            raise ValueError(f"{name}.system_prompt must be a string, got {type(self.system_prompt).__name__}.")
+        if len(self.system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
+            raise ValueError(
+                f"{name}.system_prompt has {len(self.system_prompt)} characters, at most {MAX_SYSTEM_PROMPT_CHARS} "
+                "are allowed; shorten it."
+            )
+        if self.system_prompt and self.chat_template == "none":
+            raise ValueError(
+                f"{name}.system_prompt needs a chat template to go into; set chat_template='auto' "
+                "(--chat-template auto) or drop the system prompt."
+            )
+        stop = self.stop
+        if isinstance(stop, str) or not isinstance(stop, (list, tuple)):
+            raise ValueError(f"{name}.stop must be a list of strings, got {type(stop).__name__}.")
+        if len(stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"{name}.stop holds {len(stop)} strings, at most {MAX_STOP_STRINGS} are allowed.")
+        for s in stop:
+            if not isinstance(s, str) or not 1 <= len(s) <= MAX_STOP_CHARS:
+                raise ValueError(f"{name}.stop strings must have 1 to {MAX_STOP_CHARS} characters, got {s!r:.80}.")
+        object.__setattr__(self, "stop", tuple(stop))
 
 
 @dataclass(frozen=True)
