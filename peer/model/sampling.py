@@ -7,53 +7,129 @@ corrects against), and takes an explicit ``torch.Generator`` so a batch is repro
 
 Layout (shared with :mod:`peer.grpo.logprobs`): prompts left-padded ``[B, P]`` with their attention mask,
 completions right-padded ``[B, C]``; ``completion_mask`` is True for generated tokens up to and including the first
-end-of-sequence token.
+end token (any of :func:`peer.model.prompts.end_token_ids`), or up to the token that completed a stop string.
+
+A finished row costs nothing: once a row ends, it leaves the batch (its KV-cache rows are dropped), so each step's
+forward runs only on the rows still decoding, and the prefill computes logits for the last position only. Rows do
+not influence each other: a row's tokens and log-probs are the same whether its finished neighbours stay in the batch
+or not (``compact=False`` keeps them, for the test that checks exactly that), and the random draws of a step are
+taken for the live rows in batch order, so a batch is reproducible from its generator's seed.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedTokenizerBase
+
+from peer.grpo.config import PromptConfig
+from peer.model.prompts import completion_text, end_token_ids, prompt_ids
+
+STOP_WINDOW_EXTRA = 4  # tokens decoded beyond a stop string's length when looking for it in a row's tail
 
 
 @dataclass
 class Completions:
     prompt_ids: torch.Tensor  # [B, P] long, left-padded
     prompt_mask: torch.Tensor  # [B, P] long (1 = real token)
-    completion_ids: torch.Tensor  # [B, C] long, pad after the first eos
+    completion_ids: torch.Tensor  # [B, C] long, pad after the first end token
     completion_mask: torch.Tensor  # [B, C] bool
     logprobs: torch.Tensor  # [B, C] float32, behaviour log-probs (0 where masked)
+    stop: tuple[str, ...] = ()  # the stop strings the texts are cut at
 
     def texts(self, tokenizer: PreTrainedTokenizerBase) -> list[str]:
-        return decode_completions(tokenizer, self.completion_ids, self.completion_mask)
+        return decode_completions(tokenizer, self.completion_ids, self.completion_mask, self.stop)
 
 
-def decode_completions(tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> list[str]:
-    """Text of each completion, cut at its first eos, special tokens dropped."""
+def decode_completions(
+    tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor, stop: Sequence[str] = ()
+) -> list[str]:
+    """The text each completion's reward sees (:func:`peer.model.prompts.completion_text`)."""
     out = []
     for ids, mask in zip(completion_ids.tolist(), completion_mask.tolist(), strict=True):
-        kept = [t for t, m in zip(ids, mask, strict=True) if m]
-        out.append(tokenizer.decode(kept, skip_special_tokens=True))
+        out.append(completion_text(tokenizer, [t for t, m in zip(ids, mask, strict=True) if m], stop))
     return out
 
 
-def encode_prompts(tokenizer, prompts: list[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=True)
-    return batch["input_ids"].to(device), batch["attention_mask"].to(device)
+def pad_left(rows: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists as a left-padded ``[B, P]`` batch and its attention mask."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
+    return ids, mask
+
+
+def encode_prompts(
+    tokenizer, prompts: list[str], device: torch.device, prompt: PromptConfig = PromptConfig()
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each question rendered by :func:`peer.model.prompts.prompt_ids`, left-padded into one batch."""
+    rendered: dict[str, list[int]] = {}
+    for text in prompts:
+        if text not in rendered:  # a group repeats its prompt G times
+            rendered[text] = prompt_ids(tokenizer, prompt, text)
+    return pad_left([rendered[t] for t in prompts], tokenizer.pad_token_id, device)
+
+
+def _inner(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _cache_argument(model) -> str:
     """The forward() keyword that carries the KV cache: ``cache`` in newer transformers, ``past_key_values`` before."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+    return "cache" if "cache" in inspect.signature(_inner(model).forward).parameters else "past_key_values"
+
+
+def _last_logits_argument(model) -> dict[str, int]:
+    """The forward() keyword asking for the last position's logits only (``logits_to_keep`` in transformers >= 4.50,
+    ``num_logits_to_keep`` before; none on models without it): a prompt's other logits are never used, and on a
+    large vocabulary they are most of the prefill's memory."""
+    params = inspect.signature(_inner(model).forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in params:
+            return {name: 1}
+    return {}
 
 
 def _cache_of(output):
     cache = getattr(output, "cache", None)
     return cache if cache is not None else output.past_key_values
+
+
+def _select_rows(cache, index: torch.Tensor):
+    """Keep only the batch rows ``index`` of a KV cache (in place for a ``Cache`` object); returns the cache."""
+    if hasattr(cache, "batch_select_indices"):
+        cache.batch_select_indices(index)
+        return cache
+    if isinstance(cache, (tuple, list)):  # the legacy per-layer (key, value) tuples
+        return tuple(tuple(t[index] for t in layer) for layer in cache)
+    raise TypeError(f"cannot drop finished rows from a KV cache of type {type(cache).__name__}")
+
+
+class _StopWatch:
+    """Finds the rows whose text now contains a stop string, decoding only each row's last tokens."""
+
+    def __init__(self, tokenizer, stop: Sequence[str], batch: int):
+        self.tokenizer, self.stop = tokenizer, tuple(stop)
+        self.window = max(len(s) for s in self.stop) + STOP_WINDOW_EXTRA
+        self.tokens: list[list[int]] = [[] for _ in range(batch)]
+
+    def hit(self, rows: list[int], tokens: list[int], ended: list[bool]) -> list[bool]:
+        """Append ``tokens`` to ``rows``; True where a row that did not end on an end token now holds a stop string."""
+        for r, t in zip(rows, tokens, strict=True):
+            self.tokens[r].append(t)
+        look = [i for i, e in enumerate(ended) if not e]
+        if not look:
+            return [False] * len(rows)
+        texts = self.tokenizer.batch_decode(
+            [self.tokens[rows[i]][-self.window :] for i in look], skip_special_tokens=True
+        )
+        out = [False] * len(rows)
+        for i, text in zip(look, texts, strict=True):
+            out[i] = any(s in text for s in self.stop)
+        return out
 
 
 @torch.no_grad()
@@ -63,52 +139,94 @@ def decode(
     prompt_mask: torch.Tensor,
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int,
     temperature: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
+    stop: Sequence[str] = (),
+    tokenizer=None,
+    compact: bool = True,
 ) -> Completions:
-    """Decode up to ``max_new_tokens`` per row; greedy takes the argmax (its log-probs are still recorded)."""
-    batch = prompt_ids.shape[0]
-    device = prompt_ids.device
+    """Decode up to ``max_new_tokens`` per row; greedy takes the argmax (its log-probs are still recorded).
+
+    A row ends at any token of ``eos_id`` (one id or several) or, given ``stop`` strings and the ``tokenizer`` to
+    read them with, at the token after which its text contains one. ``compact=False`` keeps finished rows in every
+    forward (as this loop did before rows left the batch); the results are the same, only slower.
+    """
+    batch, device = prompt_ids.shape[0], prompt_ids.device
+    ends = torch.as_tensor([eos_id] if isinstance(eos_id, int) else sorted(set(eos_id)), device=device)
+    if ends.numel() == 0:
+        raise ValueError("decode needs at least one end-of-sequence token id.")
+    if stop and tokenizer is None:
+        raise ValueError("decode needs the tokenizer to look for stop strings.")
+    watch = _StopWatch(tokenizer, stop, batch) if stop else None
     cache_arg = _cache_argument(model)
+    ids = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    keep = torch.zeros(batch, max_new_tokens, dtype=torch.bool, device=device)
+    logps = torch.zeros(batch, max_new_tokens, dtype=torch.float32, device=device)
     mask = prompt_mask.clone()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=True,
+        **_last_logits_argument(model),
+    )
+    cache, logits = _cache_of(out), out.logits[:, -1, :]
     next_pos = positions[:, -1:] + 1
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    ids, keep, logps = [], [], []
+    rows = torch.arange(batch, device=device)  # the batch rows in the forward, in order
+    live = None  # compact=False: which rows of the forward still decode (None: all of them)
+    steps = 0
     for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float() / (1.0 if greedy else temperature)
-        logp = torch.log_softmax(logits, dim=-1)
+        steps = step + 1
+        scores = (logits if live is None else logits[live]).float() / (1.0 if greedy else temperature)
+        lp = torch.log_softmax(scores, dim=-1)
         if greedy:
-            token = logp.argmax(dim=-1)
+            token = lp.argmax(dim=-1)
         else:
-            token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-        alive = ~finished
-        token = torch.where(alive, token, torch.full_like(token, pad_id))
-        ids.append(token)
-        keep.append(alive)
-        logps.append(torch.where(alive, logp.gather(-1, token[:, None]).squeeze(-1), torch.zeros_like(logits[:, 0])))
-        finished = finished | (token == eos_id)
-        if bool(finished.all()) or step == max_new_tokens - 1:
+            token = torch.multinomial(lp.exp(), 1, generator=generator).squeeze(-1)
+        at = rows if live is None else rows[live]
+        ids[at, step] = token
+        keep[at, step] = True
+        logps[at, step] = lp.gather(-1, token[:, None]).squeeze(-1)
+        done = torch.isin(token, ends)
+        if watch is not None:
+            hits = watch.hit(at.tolist(), token.tolist(), done.tolist())
+            done = done | torch.tensor(hits, dtype=torch.bool, device=device)
+        if bool(done.all()) or step == max_new_tokens - 1:
             break
-        mask = torch.cat([mask, alive.long()[:, None]], dim=1)
+        if compact:
+            if bool(done.any()):  # finished rows leave the batch, with their KV-cache rows
+                still = (~done).nonzero().squeeze(-1)
+                rows, token, mask, next_pos = rows[still], token[still], mask[still], next_pos[still]
+                cache = _select_rows(cache, still)
+            feed = token
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        else:  # finished rows stay, fed padding that nothing attends to
+            now = torch.ones_like(rows, dtype=torch.bool) if live is None else live.clone()
+            now[now.clone()] = ~done
+            feed = torch.full_like(rows, pad_id)
+            feed[now] = token[~done]
+            mask = torch.cat([mask, now.long()[:, None]], dim=1)
+            live = now
         out = model(
-            input_ids=token[:, None],
+            input_ids=feed[:, None],
             attention_mask=mask,
             position_ids=next_pos,
             use_cache=True,
-            **{cache_arg: _cache_of(out)},
+            **{cache_arg: cache},
         )
+        cache, logits = _cache_of(out), out.logits[:, -1, :]
         next_pos = next_pos + 1
     return Completions(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
-        completion_ids=torch.stack(ids, dim=1),
-        completion_mask=torch.stack(keep, dim=1),
-        logprobs=torch.stack(logps, dim=1),
+        completion_ids=ids[:, :steps],
+        completion_mask=keep[:, :steps],
+        logprobs=logps[:, :steps],
+        stop=tuple(stop),
     )
 
 
@@ -122,31 +240,50 @@ def sample_groups(
     temperature: float,
     device: torch.device,
     generator: torch.Generator | None = None,
+    prompt: PromptConfig = PromptConfig(),
+    compact: bool = True,
 ) -> Completions:
-    """``group_size`` sampled completions of every prompt, rows ordered prompt-major (row = p * G + g)."""
+    """``group_size`` sampled completions of every prompt, rows ordered prompt-major (row = p * G + g).
+
+    Prompts are rendered with the run's ``prompt`` settings; rows end at any of the model's end tokens or its
+    stop strings."""
     repeated = [p for p in prompts for _ in range(group_size)]
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, repeated, device)
+    ids, mask = encode_prompts(tokenizer, repeated, device, prompt)
     return decode(
         model,
-        prompt_ids,
-        prompt_mask,
+        ids,
+        mask,
         max_new_tokens=max_new_tokens,
-        eos_id=tokenizer.eos_token_id,
+        eos_id=end_token_ids(model, tokenizer),
         pad_id=tokenizer.pad_token_id,
         temperature=temperature,
         generator=generator,
+        stop=prompt.stop,
+        tokenizer=tokenizer,
+        compact=compact,
     )
 
 
-def greedy_texts(model, tokenizer, prompts: list[str], *, max_new_tokens: int, device: torch.device) -> list[str]:
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, device)
+def greedy_texts(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    device: torch.device,
+    prompt: PromptConfig = PromptConfig(),
+) -> list[str]:
+    """The greedy completion of each prompt, as the text a reward sees."""
+    ids, mask = encode_prompts(tokenizer, prompts, device, prompt)
     done = decode(
         model,
-        prompt_ids,
-        prompt_mask,
+        ids,
+        mask,
         max_new_tokens=max_new_tokens,
-        eos_id=tokenizer.eos_token_id,
+        eos_id=end_token_ids(model, tokenizer),
         pad_id=tokenizer.pad_token_id,
         greedy=True,
+        stop=prompt.stop,
+        tokenizer=tokenizer,
     )
     return done.texts(tokenizer)
