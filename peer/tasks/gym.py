@@ -17,9 +17,14 @@ seeds below 2**32) with ``dataset_seed + idx``. Some generators give up on an un
 and shrinks itself); then the damaged dataset is dropped and the next ``attempt`` seed is used.
 
 The prompt is the entry's ``question`` verbatim, the reference is ``str(entry["answer"])``, and the reward is the
-dataset's own ``score_answer`` on the stripped completion, clamped to ``[0, 1]``; a scorer that raises on junk text
-scores 0.0. A few datasets (``boxnet``, ``graph_color``, ``propositional_logic``, ``rubiks_cube``, ``rush_hour``)
-have no single oracle answer: their reference is ``"None"`` and only ``score_answer`` judges a completion.
+dataset's own ``score_answer``, clamped to ``[0, 1]``, on the completion's final answer: when the completion holds an
+``<answer>…</answer>`` pair, the content of the last one (reasoning-gym's own ``utils.extract_answer``, as its
+evaluations use it, so a model may reason before answering); otherwise the whole stripped completion, as the
+dataset's ``score_answer`` reads it (some datasets parse the answer out of it themselves). A scorer that raises on
+junk text scores 0.0. Instruct models learn the tag format from a system prompt such as reasoning-gym's
+``SYSTEM_PROMPTS["direct"]`` (docs/models.md). A few datasets (``boxnet``, ``graph_color``, ``propositional_logic``,
+``rubiks_cube``, ``rush_hour``) have no single oracle answer: their reference is ``"None"`` and only ``score_answer``
+judges a completion.
 
 The held-out set comes from a separate stream (``stream="heldout"``), distinct questions only. Unlike ``addition``
 it is not a partition of the problem space, so a configuration with very few possible questions can repeat a
@@ -70,6 +75,15 @@ def _reasoning_gym() -> ModuleType:
 def dataset_names() -> list[str]:
     """Every dataset name the installed reasoning-gym registers (imports reasoning-gym)."""
     return sorted(_reasoning_gym().factory.DATASETS)
+
+
+def final_answer(completion: str) -> str:
+    """The answer a completion gives: the content of its last ``<answer>…</answer>`` (reasoning-gym's
+    ``extract_answer``), else the whole completion, stripped."""
+    from reasoning_gym.utils import extract_answer
+
+    tagged = extract_answer(completion)
+    return completion.strip() if tagged is None else tagged
 
 
 def _options(name: str) -> list[str]:
@@ -161,7 +175,7 @@ class ReasoningGymTask(Task):
                 f"reasoning-gym task {self.name!r} can only score examples it made (this one has no entry)."
             )
         try:
-            score = float(self._scorer.score_answer(answer=completion.strip(), entry=reference.entry))
+            score = float(self._scorer.score_answer(answer=final_answer(completion), entry=reference.entry))
         except Exception:  # scorers parse model text and some raise on junk; junk earns nothing
             return 0.0
         return min(1.0, max(0.0, score)) if math.isfinite(score) else 0.0
