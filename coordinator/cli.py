@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import click
 
-from peer.cli import _network_config, _network_options, _stop_on_signals, _task_config, _task_options, _threads
+from peer.cli import (
+    _network_config,
+    _network_options,
+    _prompt_config,
+    _prompt_options,
+    _stop_on_signals,
+    _task_config,
+    _task_options,
+    _threads,
+)
 
 
 @click.command("host")
@@ -14,6 +23,7 @@ from peer.cli import _network_config, _network_options, _stop_on_signals, _task_
 @click.option("--revision", default=None, help="Hub revision of --model.")
 @click.option("--quantization", type=click.Choice(["nf4", "int8", "none"]), default="nf4", show_default=True)
 @_task_options
+@_prompt_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed: every prompt derives from it.")
 @click.option("--group-size", type=click.IntRange(2, 64), default=8, show_default=True)
 @click.option(
@@ -69,6 +79,9 @@ def host_cmd(
     quantization,
     task,
     task_config,
+    chat_template,
+    system_prompt,
+    stop,
     seed,
     group_size,
     max_new_tokens,
@@ -88,6 +101,7 @@ def host_cmd(
     from pathlib import Path
 
     _threads(1)
+    prompt = _prompt_config(chat_template, system_prompt, stop)
     from coordinator.host import Host, HostConfig
     from coordinator.manifest import RunSettings
     from peer.grpo import SamplingConfig, StalenessConfig
@@ -100,6 +114,7 @@ def host_cmd(
         task=task,
         task_config=_task_config(task_config),
         sampling=SamplingConfig(group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature),
+        prompt=prompt,
         groups_per_version=groups_per_version,
         staleness=StalenessConfig(tau_max=tau_max),
         seed=seed,

@@ -88,7 +88,9 @@ class HostEvaluator:
         while True:
             started = time.monotonic()
             with torch.no_grad():
-                result = exact_match(model, tokenizer, task, n=self.n, max_new_tokens=s.sampling.max_new_tokens)
+                result = exact_match(
+                    model, tokenizer, task, n=self.n, max_new_tokens=s.sampling.max_new_tokens, prompt=s.prompt
+                )
             logger.info("exact match of adapter v%d: %.3f (n=%d)", version, result.exact_match, self.n)
             self.on_result(version, result.exact_match)
             if self._stop.wait(max(0.0, self.every - (time.monotonic() - started))):

@@ -11,9 +11,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from peer.grpo.config import LossConfig, SamplingConfig, StalenessConfig
+from peer.errors import UserError
+from peer.grpo.config import LossConfig, PromptConfig, SamplingConfig, StalenessConfig
 from peer.model.config import LoRAConfig
 from peer.protocol import ManifestRecord, ModelSpec, TaskSpec
+from peer.protocol.limits import MAX_JSON_CHARS
 from peer.roles.basemodel import model_files
 from peer.roles.run import DEFAULT_GROUPS_PER_VERSION, grpo_json, run_spec
 from peer.tasks import get_task
@@ -30,6 +32,7 @@ class RunSettings:
     task: str = "addition"
     task_config: dict = field(default_factory=dict)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     staleness: StalenessConfig = field(default_factory=StalenessConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
@@ -70,12 +73,35 @@ def published_name(model: str, folder: Path) -> str:
     return Path(folder).resolve().name
 
 
+class ManifestTooLarge(UserError, ValueError):
+    """The run's settings do not fit in the manifest's size limits."""
+
+
+def check_prompt(settings: RunSettings, folder: Path) -> None:
+    """Refuse a chat template the model's tokenizer does not have, before anything is published."""
+    if settings.prompt.chat_template == "none":
+        return
+    from peer.model.loading import load_tokenizer
+    from peer.model.prompts import check_prompt_config
+
+    check_prompt_config(load_tokenizer(str(folder)), settings.prompt)
+
+
 def build_manifest(
     settings: RunSettings, folder: Path, adapter0_sha256: str, coordinator_peer_id: str
 ) -> ManifestRecord:
     """The manifest of a run on the model in ``folder``; checked by parsing it back as a peer would."""
     task = get_task(settings.task, settings.task_config)
     spec = task.spec()
+    check_prompt(settings, folder)
+    grpo = grpo_json(
+        settings.sampling, settings.loss, settings.staleness, settings.groups_per_version, settings.prompt
+    )
+    if len(grpo) > MAX_JSON_CHARS:
+        raise ManifestTooLarge(
+            f"the run's GRPO settings take {len(grpo)} characters of JSON, the manifest allows {MAX_JSON_CHARS}; "
+            "shorten --system-prompt (or the --stop strings)"
+        )
     manifest = ManifestRecord(
         run_id=settings.run_id,
         created=time.time(),
@@ -88,7 +114,7 @@ def build_manifest(
             files=model_files(folder),
         ),
         task=TaskSpec(name=spec["name"], config_json=json.dumps(spec["config"], sort_keys=True)),
-        grpo_json=grpo_json(settings.sampling, settings.loss, settings.staleness, settings.groups_per_version),
+        grpo_json=grpo,
         lora_json=json.dumps(settings.lora.to_dict(), sort_keys=True),
         adapter0_sha256=adapter0_sha256,
         coordinator=coordinator_peer_id,

@@ -87,6 +87,38 @@ def _task_options(f):
     return f
 
 
+def _prompt_options(f):
+    """``--chat-template``, ``--system-prompt``, ``--stop``: how questions become prompts (see docs/models.md)."""
+    f = click.option(
+        "--stop",
+        multiple=True,
+        metavar="TEXT",
+        help="A string that ends a completion once its text contains it (repeatable); rewards see the text before it.",
+    )(f)
+    f = click.option(
+        "--system-prompt",
+        default="",
+        help="System turn of the chat template (needs --chat-template auto); empty: the template's own default.",
+    )(f)
+    f = click.option(
+        "--chat-template",
+        type=click.Choice(["none", "auto"]),
+        default="none",
+        show_default=True,
+        help="none: the question as plain text; auto: the tokenizer's own chat template (instruct models).",
+    )(f)
+    return f
+
+
+def _prompt_config(chat_template: str, system_prompt: str, stop: tuple[str, ...]):
+    from peer.grpo.config import PromptConfig
+
+    try:
+        return PromptConfig(chat_template=chat_template, system_prompt=system_prompt, stop=tuple(stop))
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
 def _allowed_tasks(ctx, param, modules) -> tuple[str, ...]:
     for module in modules:
         if not module or ":" in module or module.strip() != module:
@@ -523,6 +555,7 @@ def status_cmd(run_id, coordinator, watch, as_json, **network):
 @main.command("eval")
 @_model_options
 @_task_options
+@_prompt_options
 @click.option("--adapter", type=click.Path(exists=True), default=None, help="LoRA adapter file or peft directory.")
 @click.option("--n", "n", type=click.IntRange(1), default=500, show_default=True, help="Held-out examples.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Which held-out set.")
@@ -530,7 +563,21 @@ def status_cmd(run_id, coordinator, watch, as_json, **network):
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def eval_cmd(
-    model, quantization, device, dtype, task, task_config, adapter, n, seed, max_new_tokens, threads, as_json
+    model,
+    quantization,
+    device,
+    dtype,
+    task,
+    task_config,
+    chat_template,
+    system_prompt,
+    stop,
+    adapter,
+    n,
+    seed,
+    max_new_tokens,
+    threads,
+    as_json,
 ):
     """Greedy exact match of a model (and adapter) on the task's held-out set."""
     _threads(threads)
@@ -538,9 +585,16 @@ def eval_cmd(
     from peer.model.evaluate import evaluate_model
     from peer.tasks import get_task
 
+    prompt = _prompt_config(chat_template, system_prompt, stop)
     model_config = ModelConfig(name=model, quantization=quantization, device=device, dtype=dtype)
     result = evaluate_model(
-        model_config, get_task(task, _task_config(task_config)), adapter, n=n, seed=seed, max_new_tokens=max_new_tokens
+        model_config,
+        get_task(task, _task_config(task_config)),
+        adapter,
+        n=n,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        prompt=prompt,
     )
     if as_json:
         click.echo(json.dumps(result))
@@ -551,6 +605,7 @@ def eval_cmd(
 @main.command("train-local")
 @_model_options
 @_task_options
+@_prompt_options
 @click.option("--duration", type=click.FloatRange(min=1), default=300, show_default=True, help="Training seconds.")
 @click.option("--max-steps", type=click.IntRange(1), default=None, help="Stop after this many steps.")
 @click.option("--target", type=click.FloatRange(0, 1), default=None, help="Stop once held-out exact match reaches it.")
@@ -558,13 +613,29 @@ def eval_cmd(
 @click.option("--eval-n", type=click.IntRange(1), default=500, show_default=True)
 @click.option("--prompts-per-step", type=click.IntRange(1), default=16, show_default=True)
 @click.option("--group-size", type=click.IntRange(2), default=8, show_default=True)
+@click.option(
+    "--max-new-tokens", type=click.IntRange(1, 4096), default=6, show_default=True, help="Completion length cap."
+)
 @click.option("--lr", type=float, default=2e-3, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the curve as JSON here.")
 @click.option("--save-adapter", type=click.Path(dir_okay=False), default=None, help="Write the final adapter here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def train_local(model, quantization, device, dtype, task, task_config, threads, as_json, **options):
+def train_local(
+    model,
+    quantization,
+    device,
+    dtype,
+    task,
+    task_config,
+    chat_template,
+    system_prompt,
+    stop,
+    threads,
+    as_json,
+    **options,
+):
     """The synchronous single-process GRPO reference loop (the baseline for every swarm result)."""
     _threads(threads)
     from peer.roles.reference import ReferenceConfig, run_reference
@@ -576,6 +647,7 @@ def train_local(model, quantization, device, dtype, task, task_config, threads, 
         dtype=dtype,
         task=task,
         task_config=_task_config(task_config),
+        prompt=_prompt_config(chat_template, system_prompt, stop),
         **options,
     )
     result = run_reference(config)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from peer.grpo.config import PromptConfig
 from peer.model.sampling import greedy_texts
 from peer.tasks import Task
 
@@ -33,8 +34,10 @@ def exact_match(
     max_new_tokens: int = 6,
     batch_size: int = 250,
     device: torch.device | None = None,
+    prompt: PromptConfig = PromptConfig(),
 ) -> EvalResult:
-    """Fraction of ``task.heldout(n, seed)`` answered exactly right by greedy decoding."""
+    """Fraction of ``task.heldout(n, seed)`` answered exactly right by greedy decoding, each question rendered
+    with the run's ``prompt`` settings (chat template, system prompt, stop strings) as the rollout peers sample it."""
     device = device or next(model.parameters()).device
     examples = task.heldout(n, seed)
     was_training = model.training
@@ -45,7 +48,12 @@ def exact_match(
         for i in range(0, len(examples), batch_size):
             chunk = examples[i : i + batch_size]
             texts = greedy_texts(
-                model, tokenizer, [e.prompt for e in chunk], max_new_tokens=max_new_tokens, device=device
+                model,
+                tokenizer,
+                [e.prompt for e in chunk],
+                max_new_tokens=max_new_tokens,
+                device=device,
+                prompt=prompt,
             )
             correct += sum(task.is_correct(t, e) for t, e in zip(texts, chunk, strict=True))
     finally:
@@ -53,7 +61,16 @@ def exact_match(
     return EvalResult(correct / len(examples), len(examples), correct, seed, time.perf_counter() - start)
 
 
-def evaluate_model(model_config, task, adapter_path=None, *, n: int, seed: int, max_new_tokens: int) -> dict:
+def evaluate_model(
+    model_config,
+    task,
+    adapter_path=None,
+    *,
+    n: int,
+    seed: int,
+    max_new_tokens: int,
+    prompt: PromptConfig = PromptConfig(),
+) -> dict:
     """Load the base (and an adapter file), score it on ``task``; the dict ``hivegrpo eval --json`` prints."""
     from peer.model.adapter import attach_lora, blob_lora_config, load_adapter_bytes, read_adapter_file
     from peer.model.loading import load_base
@@ -65,12 +82,14 @@ def evaluate_model(model_config, task, adapter_path=None, *, n: int, seed: int, 
         model = attach_lora(model, blob_lora_config(blob))
         adapter_sha = load_adapter_bytes(model, blob)
         model.requires_grad_(False)
-    result = exact_match(model, base.tokenizer, task, n=n, seed=seed, max_new_tokens=max_new_tokens)
+    result = exact_match(model, base.tokenizer, task, n=n, seed=seed, max_new_tokens=max_new_tokens, prompt=prompt)
     return {
         **result.to_dict(),
         "model": model_config.name,
         "quantization": model_config.quantization,
         "task": task.spec()["name"],
+        "max_new_tokens": max_new_tokens,
+        "prompt": prompt.to_dict(),
         "adapter": str(adapter_path) if adapter_path else None,
         "adapter_sha256": adapter_sha,
     }

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from peer.grpo import LossConfig, SamplingConfig, clipped_policy_loss, completion_logprobs, group_advantages
+from peer.grpo.config import PromptConfig
 from peer.log import get_logger
 from peer.model.adapter import adapter_to_bytes, attach_lora, lora_parameters, sha256_hex
 from peer.model.config import LoRAConfig, ModelConfig
@@ -32,6 +33,7 @@ class ReferenceConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)  # chat template, system prompt, stop strings
     loss: LossConfig = field(default_factory=LossConfig)
     task: str = "addition"
     task_config: dict = field(default_factory=dict)
@@ -54,10 +56,12 @@ class ReferenceConfig:
             raise ValueError(f"lr must be positive, got {self.lr}")
 
     @classmethod
-    def build(cls, *, model, quantization, device, group_size, dtype="auto", **options) -> ReferenceConfig:
+    def build(
+        cls, *, model, quantization, device, group_size, dtype="auto", max_new_tokens=6, **options
+    ) -> ReferenceConfig:
         return cls(
             model=ModelConfig(name=model, quantization=quantization, device=device, dtype=dtype),
-            sampling=SamplingConfig(group_size=group_size),
+            sampling=SamplingConfig(group_size=group_size, max_new_tokens=max_new_tokens),
             **options,
         )
 
@@ -75,6 +79,7 @@ def grpo_step(model, tokenizer, task, examples, config: ReferenceConfig, optimiz
         temperature=s.temperature,
         device=device,
         generator=generator,
+        prompt=config.prompt,
     )
     texts = batch.texts(tokenizer)
     rewards = torch.tensor(
@@ -111,7 +116,9 @@ def run_reference(config: ReferenceConfig) -> dict:
     max_new = config.sampling.max_new_tokens
 
     def evaluate(step: int, seconds: float, reward: float | None) -> dict:
-        result = exact_match(model, base.tokenizer, task, n=config.eval_n, max_new_tokens=max_new)
+        result = exact_match(
+            model, base.tokenizer, task, n=config.eval_n, max_new_tokens=max_new, prompt=config.prompt
+        )
         point = {"step": step, "seconds": round(seconds, 2), "exact_match": result.exact_match, "reward_mean": reward}
         logger.info("%.1fs step %d exact match %.3f", seconds, step, result.exact_match)
         return point
@@ -153,6 +160,7 @@ def run_reference(config: ReferenceConfig) -> dict:
             "model": config.model.to_dict(),
             "lora": config.lora.to_dict(),
             "sampling": config.sampling.to_dict(),
+            "prompt": config.prompt.to_dict(),
             "loss": config.loss.to_dict(),
             "task": task.spec(),
             "prompts_per_step": config.prompts_per_step,

@@ -31,6 +31,7 @@ import torch
 from peer.errors import UserError
 from peer.log import get_logger
 from peer.model.adapter import AdapterError
+from peer.model.prompts import prompt_ids
 from peer.model.sampling import Completions, sample_groups
 from peer.network.swarm import NetworkConfig
 from peer.protocol import Completion, GroupRecord, encode_tokens, key_fingerprint
@@ -364,7 +365,7 @@ class RolloutPeer:
 
     def _auto_batch(self) -> int:
         s = self.spec.sampling
-        prompt = self.tokenizer(self.spec.example(self.swarm.public_key, 0).prompt)["input_ids"]
+        prompt = prompt_ids(self.tokenizer, self.spec.prompt, self.spec.example(self.swarm.public_key, 0).prompt)
         return auto_batch_size(self.model, self.device, s.group_size, 2 * len(prompt), s.max_new_tokens)
 
     # --- the loop ------------------------------------------------------------------------------------------------
@@ -499,6 +500,7 @@ class RolloutPeer:
                 temperature=s.temperature,
                 device=self.device,
                 generator=generator,
+                prompt=spec.prompt,
             )
             self.stats["decode_s"] += time.perf_counter() - t0
             paced = c.batch_seconds - (time.perf_counter() - t0)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from peer.errors import UserError
-from peer.grpo.config import LossConfig, SamplingConfig, StalenessConfig
+from peer.grpo.config import LossConfig, PromptConfig, SamplingConfig, StalenessConfig
 from peer.model.config import LoRAConfig
 from peer.protocol import (
     BUCKET_RING,
@@ -66,6 +66,7 @@ class RunSpec:
     staleness: StalenessConfig
     lora: LoRAConfig
     groups_per_version: int
+    prompt: PromptConfig = PromptConfig()  # how questions become prompt tokens, which strings end a completion
 
     @property
     def run_id(self) -> str:
@@ -85,14 +86,21 @@ def grpo_json(
     loss: LossConfig,
     staleness: StalenessConfig,
     groups_per_version: int = DEFAULT_GROUPS_PER_VERSION,
+    prompt: PromptConfig = PromptConfig(),
 ) -> str:
-    """The manifest's ``grpo_json`` for these configs (what :func:`run_spec` reads back)."""
+    """The manifest's ``grpo_json`` for these configs (what :func:`run_spec` reads back).
+
+    The ``prompt`` section is written only when it differs from the default (raw questions, no stop strings), so a
+    run without a chat template publishes the same document as before the section existed.
+    """
     data = {
         "sampling": sampling.to_dict(),
         "loss": loss.to_dict(),
         "staleness": staleness.to_dict(),
         "groups_per_version": groups_per_version,
     }
+    if prompt != PromptConfig():
+        data["prompt"] = prompt.to_dict()
     return json.dumps(data, sort_keys=True)
 
 
@@ -119,13 +127,14 @@ def run_spec(
         ) from e
     grpo = manifest.grpo()
     try:
-        known = {"sampling", "loss", "staleness", "groups_per_version"}
+        known = {"sampling", "loss", "staleness", "groups_per_version", "prompt"}
         unknown = sorted(set(grpo) - known)
         if unknown:
             raise ValueError(f"unknown GRPO section(s) {unknown}")
         sampling = SamplingConfig.from_dict(grpo.get("sampling", {}))
         loss = LossConfig.from_dict(grpo.get("loss", {}))
         staleness = StalenessConfig.from_dict(grpo.get("staleness", {}))
+        prompt = PromptConfig.from_dict(grpo.get("prompt", {}))
         lora = LoRAConfig.from_dict(manifest.lora())
         groups = grpo.get("groups_per_version", DEFAULT_GROUPS_PER_VERSION)
         if isinstance(groups, bool) or not isinstance(groups, int) or not 1 <= groups <= 4096:
@@ -142,7 +151,7 @@ def run_spec(
             f"the run manifest's hyperparameters are not usable by this peer ({e}); upgrade hivegrpo to the "
             "host's version"
         ) from e
-    return RunSpec(manifest, coordinator_key, task, sampling, loss, staleness, lora, groups)
+    return RunSpec(manifest, coordinator_key, task, sampling, loss, staleness, lora, groups, prompt)
 
 
 def read_manifest(swarm, coordinator: str | None = None) -> tuple[ManifestRecord, bytes]:
