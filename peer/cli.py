@@ -93,7 +93,7 @@ def _prompt_options(f):
         "--stop",
         multiple=True,
         metavar="TEXT",
-        help="A string that ends a completion once its text contains it (repeatable); rewards see the text before it.",
+        help="A string that ends a completion once its text holds it (repeatable); rewards see the text through it.",
     )(f)
     f = click.option(
         "--system-prompt",

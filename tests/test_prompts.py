@@ -121,11 +121,13 @@ def test_end_tokens_are_the_generation_configs_and_the_tokenizers(tokenizer):
 
 
 def test_completion_text_is_cut_before_the_first_stop_string(tokenizer):
-    assert cut_at_stop("<answer>7</answer> more", ["</answer>", "more"]) == "<answer>7"
+    assert cut_at_stop("<answer>7</answer> more", ["</answer>", "more"]) == "<answer>7</answer>"
+    assert cut_at_stop("<answer>7</answer>\n", ["</answer>"]) == "<answer>7</answer>"  # the last token's extra
+    assert cut_at_stop("a long stop, b", ["a long stop", "g s"]) == "a long s"  # the one that completes first
     assert cut_at_stop("no stop here", ["</answer>"]) == "no stop here"
     ids = tokenizer("12+34=", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     assert completion_text(tokenizer, ids) == "12+34="
-    assert completion_text(tokenizer, ids, ["+3", "4"]) == "12"
+    assert completion_text(tokenizer, ids, ["+3", "4"]) == "12+3"
 
 
 # ---------------------------------------------------------------------------------------------------- decoding
@@ -165,13 +167,13 @@ def test_a_stop_string_ends_a_row_after_the_token_that_completes_it(model, token
     stop = tokenizer.decode(row0[1:3], skip_special_tokens=True)  # completed by row 0's third token
     assert len(stop) == 2
     cut = _decode(model, tokenizer, greedy=True, stop=[stop], tokenizer=tokenizer)
-    texts = cut.texts(tokenizer)
+    texts = cut.texts(tokenizer, [stop])
     for full, row, text in zip(_rows(free), _rows(cut), texts, strict=True):
         assert row == full[: len(row)]
         whole = tokenizer.decode(row, skip_special_tokens=True)
-        if stop in whole:  # cut right after the token that completed it, and the reward sees the text before it
+        if stop in whole:  # cut right after the token that completed it; the reward sees the text through it
             assert stop not in tokenizer.decode(row[:-1], skip_special_tokens=True)
-            assert text == whole[: whole.index(stop)]
+            assert text == whole[: whole.index(stop) + len(stop)]
         else:
             assert row == full and text == whole
     assert _rows(cut)[0] == row0[:3]
@@ -243,7 +245,7 @@ def test_sampling_is_reproducible_from_its_seed_with_a_template_and_stops(model,
     for row in range(16):
         rendered = prompt_ids(chat_tokenizer, prompt, PROMPTS[row // 4])
         assert a.prompt_ids[row][a.prompt_mask[row].bool()].tolist() == rendered
-    assert all("00" not in t for t in a.texts(chat_tokenizer))
+    assert all("00" not in t[:-2] for t in a.texts(chat_tokenizer, prompt.stop))
 
 
 # ---------------------------------------------------------------------------------------------------- the run
@@ -312,7 +314,7 @@ def test_the_learner_checks_prompt_tokens_against_the_chat_template(template_mod
     from peer.roles.verify import check_group
 
     owner, sha = b"owner-key", "a" * 64
-    spec = run_spec(_manifest(template_model, CHAT), b"")
+    spec = run_spec(_manifest(template_model, PromptConfig(chat_template="auto", system_prompt="9", stop=("0",))), b"")
     examples = [spec.example(owner, seq) for seq in (0, 1)]
     G = spec.sampling.group_size
     batch = sample_groups(
@@ -326,7 +328,8 @@ def test_the_learner_checks_prompt_tokens_against_the_chat_template(template_mod
         generator=torch.Generator().manual_seed(0),
         prompt=spec.prompt,
     )
-    rewards = [spec.task.reward(t, examples[i // G]) for i, t in enumerate(batch.texts(chat_tokenizer))]
+    texts = batch.texts(chat_tokenizer, spec.prompt.stop)  # as the rollout peer scores them
+    rewards = [spec.task.reward(t, examples[i // G]) for i, t in enumerate(texts)]
     groups = build_groups(batch, rewards, range(2), spec, version=0, sha=sha, owner=owner, producer="p")
 
     def known(v):
@@ -344,6 +347,7 @@ def test_the_learner_checks_prompt_tokens_against_the_chat_template(template_mod
 
 
 def test_reasoning_gym_scores_the_tagged_answer_else_the_whole_completion():
+    from peer.model.prompts import cut_at_stop as completion_text_of
     from peer.tasks import get_task
     from peer.tasks.gym import final_answer
 
@@ -357,3 +361,5 @@ def test_reasoning_gym_scores_the_tagged_answer_else_the_whole_completion():
     assert task.reward(f"  {right}\n", ex) == 1.0  # untagged: the whole completion, as before
     assert task.reward(f"{right} <answer>", ex) < 1.0  # an unclosed tag is not an answer
     assert final_answer(" <answer>\n42\n</answer> ") == "42" and final_answer(" 42 ") == "42"
+    stopped = completion_text_of(f"<answer>{right}</answer>\n\nmore", ("</answer>",))
+    assert stopped == f"<answer>{right}</answer>" and task.reward(stopped, ex) == 1.0  # --stop "</answer>" scores

@@ -121,7 +121,7 @@ class PromptConfig(_DictConfig):
         default=(),
         metadata=_help(
             f"strings that end a completion once its text contains one (at most {MAX_STOP_STRINGS}, each 1 to"
-            f" {MAX_STOP_CHARS} characters); the reward sees the text up to the first of them"
+            f" {MAX_STOP_CHARS} characters); the reward sees the text up to and including the first of them"
         ),
     )
 

@@ -10,7 +10,9 @@ turn, ending with the assistant's generation prompt.
 A completion ends at the first *end token* (:func:`end_token_ids`: every ``eos_token_id`` of the model's generation
 config, which may be a list, and the tokenizer's eos) or once its text contains a stop string
 (:class:`~peer.grpo.config.PromptConfig` ``stop``). :func:`completion_text` is the text a reward scores: the
-completion decoded without special tokens, cut before the first stop string.
+completion decoded without special tokens, cut right after the first stop string to complete. The stop string stays
+in: with ``stop=("</answer>",)`` the reward must still see the closing tag to extract the answer, and whatever else the
+last token decoded to is dropped.
 """
 
 from __future__ import annotations
@@ -71,17 +73,18 @@ def end_token_ids(model, tokenizer) -> tuple[int, ...]:
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    """``text`` up to (not including) the earliest occurrence of any stop string."""
+    """``text`` up to and including the stop string that completes first (the earliest end of a first occurrence),
+    as decoding stops at the token that completes it."""
     cut = len(text)
     for s in stop:
         at = text.find(s)
-        if 0 <= at < cut:
-            cut = at
+        if at >= 0:
+            cut = min(cut, at + len(s))
     return text[:cut]
 
 
 def completion_text(tokenizer, tokens: Sequence[int], stop: Sequence[str] = ()) -> str:
-    """The text a reward scores: ``tokens`` decoded without special tokens, cut before the first stop string."""
+    """The text a reward scores: ``tokens`` decoded without special tokens, cut after the first stop string."""
     return cut_at_stop(tokenizer.decode(list(tokens), skip_special_tokens=True), stop)
 
 

@@ -38,10 +38,10 @@ class Completions:
     completion_ids: torch.Tensor  # [B, C] long, pad after the first end token
     completion_mask: torch.Tensor  # [B, C] bool
     logprobs: torch.Tensor  # [B, C] float32, behaviour log-probs (0 where masked)
-    stop: tuple[str, ...] = ()  # the stop strings the texts are cut at
 
-    def texts(self, tokenizer: PreTrainedTokenizerBase) -> list[str]:
-        return decode_completions(tokenizer, self.completion_ids, self.completion_mask, self.stop)
+    def texts(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str] = ()) -> list[str]:
+        """The text each completion's reward sees; ``stop``: the run's stop strings (``PromptConfig.stop``)."""
+        return decode_completions(tokenizer, self.completion_ids, self.completion_mask, stop)
 
 
 def decode_completions(
@@ -226,7 +226,6 @@ def decode(
         completion_ids=ids[:, :steps],
         completion_mask=keep[:, :steps],
         logprobs=logps[:, :steps],
-        stop=tuple(stop),
     )
 
 
@@ -286,4 +285,4 @@ def greedy_texts(
         stop=prompt.stop,
         tokenizer=tokenizer,
     )
-    return done.texts(tokenizer)
+    return done.texts(tokenizer, prompt.stop)

@@ -81,7 +81,7 @@ def grpo_step(model, tokenizer, task, examples, config: ReferenceConfig, optimiz
         generator=generator,
         prompt=config.prompt,
     )
-    texts = batch.texts(tokenizer)
+    texts = batch.texts(tokenizer, config.prompt.stop)
     rewards = torch.tensor(
         [task.reward(t, examples[i // s.group_size]) for i, t in enumerate(texts)], dtype=torch.float32
     ).view(len(examples), s.group_size)

@@ -451,7 +451,7 @@ class RolloutPeer:
     def score(self, sampled: Sampled) -> list[GroupRecord]:
         """Rewards and records of a sampled batch (the publisher's process calls it)."""
         spec, G = self.spec, self.spec.sampling.group_size
-        texts = sampled.batch.texts(self.tokenizer)
+        texts = sampled.batch.texts(self.tokenizer, spec.prompt.stop)
         rewards = [spec.task.reward(t, sampled.examples[i // G]) for i, t in enumerate(texts)]
         owner, producer = self.swarm.public_key, str(self.swarm.peer_id)
         return build_groups(
