@@ -49,11 +49,12 @@ from peer.roles.learner_io import Announcer, Fetcher
 from peer.roles.session import Session, SessionConfig, default_cache_dir, open_session
 from peer.roles.teamwork import Teamwork
 from peer.roles.update import (
+    MicroBatcher,
     Share,
     apply_gradient,
     batch_tensors,
+    enable_gradient_checkpointing,
     learn_step,
-    share_gradient,
 )
 from peer.roles.verify import LogprobCheck, Refused, check_logprobs_many
 
@@ -86,6 +87,8 @@ class LearnerConfig:
     poll_interval: float = 0.25
     ledger: Path | None = None  # JSON lines: per version, the groups in its update and the metrics
     barrier: bool = False  # benchmark knob (docs/benchmarks.md): wait for every peer's share at each version
+    micro_batch_tokens: int | None = None  # tokens per forward/backward (the same update); None: the whole batch
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
 
     def __post_init__(self):
         if self.checkpoint_every < 1:
@@ -96,6 +99,10 @@ class LearnerConfig:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if not self.logprob_tolerance > 0:
             raise ValueError(f"logprob_tolerance must be positive, got {self.logprob_tolerance}")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(
+                f"micro_batch_tokens must be >= 1 (or None: the whole batch), got {self.micro_batch_tokens}"
+            )
 
     def session_config(self) -> SessionConfig:
         return SessionConfig(
@@ -137,6 +144,7 @@ class LearnerPeer:
         self._checkpoint_after_start = False
         self.fetcher: Fetcher | None = None  # reads the buckets while this learner leads
         self.team = Teamwork(self)
+        self.micro = MicroBatcher(config.micro_batch_tokens)  # halves (and keeps) its tokens when memory runs out
 
     # --- start-up --------------------------------------------------------------------------------------------------
 
@@ -156,6 +164,8 @@ class LearnerPeer:
             barrier=c.barrier,
         )
         self.optimizer = torch.optim.AdamW(lora_parameters(s.model), lr=c.lr)
+        if c.gradient_checkpointing:
+            enable_gradient_checkpointing(s.model)
         self.parent_sha = s.parent
         self._resume()
         self.bans_recorded = len(self.intake.banned)
@@ -408,7 +418,9 @@ class LearnerPeer:
         s = self.session
         if not part:
             return None
-        return share_gradient(s.model, batch_tensors(part, s.version, s.spec, self.pad_id(), s.device), s.spec)
+        return self.micro.share_gradient(
+            s.model, batch_tensors(part, s.version, s.spec, self.pad_id(), s.device), s.spec
+        )
 
     def advance(
         self, parent: str, sha: str, blob: bytes, record: dict, metrics: MetricsRecord | None, intake_delta: dict

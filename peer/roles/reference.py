@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from peer.grpo import LossConfig, SamplingConfig, clipped_policy_loss, completion_logprobs, group_advantages
+from peer.grpo import LossConfig, SamplingConfig, group_advantages
 from peer.grpo.config import PromptConfig
 from peer.log import get_logger
 from peer.model.adapter import adapter_to_bytes, attach_lora, lora_parameters, sha256_hex
@@ -23,6 +23,7 @@ from peer.model.config import LoRAConfig, ModelConfig
 from peer.model.evaluate import exact_match
 from peer.model.loading import load_base
 from peer.model.sampling import sample_groups
+from peer.roles.update import Batch, MicroBatcher, apply_gradient, enable_gradient_checkpointing
 from peer.tasks import derive_seed, get_task
 
 logger = get_logger(__name__)
@@ -48,10 +49,16 @@ class ReferenceConfig:
     seed: int = 0
     report: str | None = None
     save_adapter: str | None = None
+    micro_batch_tokens: int | None = None  # tokens per forward/backward (the same update); None: the whole batch
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
 
     def __post_init__(self):
         if self.prompts_per_step < 1:
             raise ValueError(f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(
+                f"micro_batch_tokens must be >= 1 (or None: the whole batch), got {self.micro_batch_tokens}"
+            )
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
 
@@ -66,8 +73,11 @@ class ReferenceConfig:
         )
 
 
-def grpo_step(model, tokenizer, task, examples, config: ReferenceConfig, optimizer, generator, device) -> dict:
-    """Sample, score and learn from one batch of prompts; returns the step's metrics."""
+def grpo_step(
+    model, tokenizer, task, examples, config: ReferenceConfig, optimizer, generator, device, micro=None
+) -> dict:
+    """Sample, score and learn from one batch of prompts; returns the step's metrics. The gradient is the swarm
+    learner's (:class:`~peer.roles.update.MicroBatcher`, ``micro``: in micro-batches, backing off on memory)."""
     s = config.sampling
     model.eval()
     batch = sample_groups(
@@ -90,18 +100,19 @@ def grpo_step(model, tokenizer, task, examples, config: ReferenceConfig, optimiz
     metrics = {"reward_mean": rewards.mean().item(), "rows": int(rows.numel()), "loss": 0.0, "clip_fraction": 0.0}
     if rows.numel() == 0:
         return metrics
-    model.train()
-    logprobs = completion_logprobs(
-        model, batch.prompt_ids[rows], batch.prompt_mask[rows], batch.completion_ids[rows], s.temperature
+    on_policy = Batch(  # nothing is stale here: every weight is 1
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.completion_ids,
+        batch.completion_mask,
+        batch.logprobs,
+        advantages,
+        torch.ones_like(advantages),
+        rewards,
     )
-    loss, stats = clipped_policy_loss(
-        logprobs, batch.logprobs[rows], advantages[rows], batch.completion_mask[rows], None, config.loss
-    )
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(lora_parameters(model), config.max_grad_norm)
-    optimizer.step()
-    metrics.update(loss=loss.item(), clip_fraction=stats.clip_fraction)
+    share = (micro or MicroBatcher(config.micro_batch_tokens)).share_gradient(model, on_policy, config)
+    apply_gradient(model, optimizer, share.grads, config.max_grad_norm)
+    metrics.update(loss=share.stats["loss"], clip_fraction=share.stats["clip_fraction"])
     return metrics
 
 
@@ -112,6 +123,9 @@ def run_reference(config: ReferenceConfig) -> dict:
     base = load_base(config.model)
     model = attach_lora(base.model, config.lora)
     optimizer = torch.optim.AdamW(lora_parameters(model), lr=config.lr)
+    if config.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    micro = MicroBatcher(config.micro_batch_tokens)  # halves (and keeps) its tokens when memory runs out
     generator = torch.Generator(device=base.device)
     max_new = config.sampling.max_new_tokens
 
@@ -130,7 +144,7 @@ def run_reference(config: ReferenceConfig) -> dict:
         first = step * config.prompts_per_step
         examples = [task.example(config.seed, first + i) for i in range(config.prompts_per_step)]
         start = time.perf_counter()
-        metrics = grpo_step(model, base.tokenizer, task, examples, config, optimizer, generator, base.device)
+        metrics = grpo_step(model, base.tokenizer, task, examples, config, optimizer, generator, base.device, micro)
         trained += time.perf_counter() - start
         step += 1
         rewards.append(metrics["reward_mean"])

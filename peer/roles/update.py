@@ -81,49 +81,149 @@ def signal_tokens(batch: Batch) -> int:
     return int(batch.completion_mask[batch.advantages.ne(0)].sum())
 
 
-def share_gradient(model, batch: Batch, spec) -> Share | None:
-    """The clipped loss's gradient over the rows of ``batch`` that carry signal; None when no row does."""
+def row_lengths(batch: Batch, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Real prompt and completion tokens of ``rows`` (a prompt is left-padded, a completion's mask is a prefix)."""
+    return batch.prompt_mask[rows].sum(1), batch.completion_mask[rows].sum(1)
+
+
+def micro_batches(batch: Batch, rows: torch.Tensor, tokens: int) -> list[torch.Tensor]:
+    """``rows`` split into micro-batches whose padded size (rows x (longest prompt + longest completion)) is at most
+    ``tokens``; a row longer than that alone makes one. Rows are taken longest first, so little is padding."""
+    prompt, completion = row_lengths(batch, rows)
+    order = torch.argsort(prompt + completion, descending=True, stable=True).tolist()
+    parts: list[list[int]] = []
+    width_p = width_c = 0
+    for i in order:
+        p, c = int(prompt[i]), int(completion[i])
+        wp, wc = max(width_p, p), max(width_c, c)
+        if parts and (len(parts[-1]) + 1) * (wp + wc) <= tokens:
+            parts[-1].append(i)
+            width_p, width_c = wp, wc
+        else:
+            parts.append([i])
+            width_p, width_c = p, c
+    return [rows[torch.tensor(sorted(part))] for part in parts]
+
+
+def _trimmed(batch: Batch, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows' prompt ids and mask, completion ids and mask, without the columns that are padding in all of them
+    (positions count real tokens only, and nothing attends to a padded column, so the log-probs stay the same)."""
+    prompt_mask, completion_mask = batch.prompt_mask[rows], batch.completion_mask[rows]
+    first = int(prompt_mask.any(0).long().argmax())  # left padding: the first column any row uses
+    last = max(1, int(completion_mask.any(0).sum()))  # right padding: the completion's columns any row uses
+    return (
+        batch.prompt_ids[rows, first:],
+        prompt_mask[:, first:],
+        batch.completion_ids[rows, :last],
+        completion_mask[:, :last],
+    )
+
+
+def share_gradient(model, batch: Batch, spec, micro_batch_tokens: int | None = None) -> Share | None:
+    """The clipped loss's gradient over the rows of ``batch`` that carry signal; None when no row does.
+
+    ``micro_batch_tokens`` bounds the tokens of one forward/backward (:func:`micro_batches`; None: all rows at
+    once). The loss is a token-mean over the rows, so micro-batch ``m``'s own token-mean loss, weighted by its share
+    ``n_m / n`` of the completion tokens, sums to the whole batch's loss — policy and KL terms alike — and the
+    accumulated gradient is the whole batch's (to float rounding). The statistics combine the same way (token-
+    weighted means; the ratio's max over all).
+    """
     rows = batch.advantages.ne(0).nonzero().flatten()
     if rows.numel() == 0:
         return None
     params = lora_parameters(model)
+    T = spec.sampling.temperature
+    if micro_batch_tokens is None:
+        parts = [(batch.prompt_ids[rows], batch.prompt_mask[rows], batch.completion_ids[rows], rows)]
+    else:
+        parts = [(*_trimmed(batch, part)[:3], part) for part in micro_batches(batch, rows, micro_batch_tokens)]
+    total = max(1, int(batch.completion_mask[rows].sum()))
+    found = []  # (tokens, stats) of each micro-batch
+    for p in params:
+        p.grad = None
     model.train()
     try:
-        prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]
-        completion_ids = batch.completion_ids[rows]
-        logprobs = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, spec.sampling.temperature)
-        ref = None
-        if spec.loss.kl_beta > 0:
-            with torch.no_grad(), model.disable_adapter():
-                ref = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, spec.sampling.temperature)
-        loss, stats = clipped_policy_loss(
-            logprobs,
-            batch.behaviour[rows],
-            batch.advantages[rows],
-            batch.completion_mask[rows],
-            batch.weights[rows],
-            spec.loss,
-            ref,
-        )
-        for p in params:
-            p.grad = None
-        loss.backward()
+        for prompt_ids, prompt_mask, completion_ids, part in parts:
+            width = completion_ids.shape[1]
+            logprobs = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, T)
+            ref = None
+            if spec.loss.kl_beta > 0:
+                with torch.no_grad(), model.disable_adapter():
+                    ref = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, T)
+            loss, stats = clipped_policy_loss(
+                logprobs,
+                batch.behaviour[part, :width],
+                batch.advantages[part],
+                batch.completion_mask[part, :width],
+                batch.weights[part],
+                spec.loss,
+                ref,
+            )
+            if len(parts) > 1:
+                loss = loss * (stats.tokens / total)
+            loss.backward()
+            found.append((stats.tokens, stats))
+            del logprobs, ref, loss
     finally:
         model.eval()
     grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
     for p in params:
         p.grad = None
-    return Share(
-        grads,
-        signal_tokens(batch),
-        {
-            "loss": stats.loss,
-            "clip_fraction": stats.clip_fraction,
-            "ratio_mean": stats.ratio_mean,
-            "ratio_max": stats.ratio_max,
-            "rows": int(rows.numel()),
-        },
+    if len(found) == 1:
+        stats = found[0][1]
+        summary = {"loss": stats.loss, "clip_fraction": stats.clip_fraction, "ratio_mean": stats.ratio_mean}
+    else:
+        summary = {
+            name: sum(getattr(st, name) * n for n, st in found) / total
+            for name in ("loss", "clip_fraction", "ratio_mean")
+        }
+        if not any(n for n, _ in found):
+            summary["ratio_mean"] = 1.0
+    summary["ratio_max"] = max(st.ratio_max for _, st in found)
+    return Share(grads, signal_tokens(batch), {**summary, "rows": int(rows.numel())})
+
+
+class MicroBatcher:
+    """A learner's gradient computation: micro-batches of at most ``tokens`` tokens (None: the whole batch at once),
+    and on running out of memory the same step redone with half the tokens per micro-batch, kept from then on."""
+
+    ADVICE = (
+        "one row per micro-batch does not fit; give the learner more memory, add --gradient-checkpointing, or hold "
+        "the base smaller (--quantization nf4)"
     )
+
+    def __init__(self, tokens: int | None = None):
+        if tokens is not None and tokens < 1:
+            raise ValueError(f"micro_batch_tokens must be >= 1 or None, got {tokens}")
+        self.tokens = tokens
+
+    def share_gradient(self, model, batch: Batch, spec) -> Share | None:
+        from peer.roles.memory import retry_halving
+
+        rows = batch.advantages.ne(0).nonzero().flatten()
+        if rows.numel() == 0:
+            return None
+        prompt, completion = row_lengths(batch, rows)
+        whole = int(rows.numel()) * int(prompt.max() + completion.max())
+        longest = int((prompt + completion).max())  # at or below this, every micro-batch is one row
+        start = whole if self.tokens is None else min(self.tokens, whole)
+
+        def attempt(tokens: int) -> Share | None:
+            split = None if tokens >= whole and self.tokens is None else tokens
+            return share_gradient(model, batch, spec, split)
+
+        share, used = retry_halving(attempt, start, floor=longest, what="micro-batch tokens", advice=self.ADVICE)
+        if used < start:
+            self.tokens = used
+        return share
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute each layer's activations during backward instead of keeping them (less memory, ~30% more time;
+    the same gradient). Non-reentrant checkpointing, and inputs that require grad so that a frozen base under LoRA
+    still has a graph to recompute through (what peft's ``prepare_model_for_kbit_training`` does)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
 
 
 def combine(shares: list[Share]) -> Share | None:
@@ -160,9 +260,12 @@ def apply_gradient(model, optimizer, grads: list[torch.Tensor], max_grad_norm: f
     return float(norm)
 
 
-def learn_step(model, batch: Batch, spec, optimizer, max_grad_norm: float) -> dict | None:
-    """One clipped-loss AdamW step over the rows that carry signal; None when no row does (nothing to learn)."""
-    share = share_gradient(model, batch, spec)
+def learn_step(
+    model, batch: Batch, spec, optimizer, max_grad_norm: float, micro: MicroBatcher | None = None
+) -> dict | None:
+    """One clipped-loss AdamW step over the rows that carry signal; None when no row does (nothing to learn).
+    ``micro`` splits the batch into micro-batches (the same update) and backs off when memory runs out."""
+    share = (micro or MicroBatcher()).share_gradient(model, batch, spec)
     if share is None:
         return None
     grad_norm = apply_gradient(model, optimizer, share.grads, max_grad_norm)
@@ -257,11 +360,14 @@ def optimizer_state_from_wire(optimizer, wire: dict) -> dict:
 __all__ = [
     "MOMENTS",
     "Batch",
+    "MicroBatcher",
     "Share",
     "apply_gradient",
     "batch_tensors",
     "combine",
+    "enable_gradient_checkpointing",
     "learn_step",
+    "micro_batches",
     "optimizer_state_from_wire",
     "optimizer_state_to_wire",
     "share_gradient",
