@@ -140,6 +140,40 @@ def _allow_task_option(f):
     )(f)
 
 
+def _max_memory(ctx, param, value: str | None) -> int | None:
+    if value is None:
+        return None
+    from peer.roles.memory import parse_memory
+
+    try:
+        return parse_memory(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _micro_batch_tokens(ctx, param, value: int | None) -> int | None:
+    return value or None  # 0: the whole batch at once
+
+
+def _learner_memory_options(f):
+    """``--micro-batch-tokens`` and ``--gradient-checkpointing``: the same update in less memory."""
+    f = click.option(
+        "--gradient-checkpointing",
+        is_flag=True,
+        help="Recompute activations during backward instead of keeping them: less memory, ~30% more step time.",
+    )(f)
+    f = click.option(
+        "--micro-batch-tokens",
+        type=click.IntRange(0),
+        default=0,
+        show_default=True,
+        callback=_micro_batch_tokens,
+        help="Run forward/backward on at most this many (prompt + completion) tokens at a time and accumulate: "
+        "the same update in less memory. 0: the whole batch at once. Halved by itself if memory runs out.",
+    )(f)
+    return f
+
+
 def _network_options(f):
     f = click.option(
         "--invite",
@@ -330,6 +364,14 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
     show_default=True,
     help="Prompts per generation batch, or 'auto' (fits free memory).",
 )
+@click.option(
+    "--max-memory",
+    default=None,
+    callback=_max_memory,
+    metavar="SIZE",
+    help="Memory the model and a batch may take, e.g. 800MB or 6GiB: the batch is sized to fit it and halved "
+    "when its estimate would exceed it. Default: a share of what is free.",
+)
 @click.option("--max-groups", type=click.IntRange(1), default=None, help="Stop after publishing this many groups.")
 @click.option(
     "--max-inflight",
@@ -353,6 +395,7 @@ def join_cmd(
     device,
     dtype,
     batch_size,
+    max_memory,
     max_groups,
     max_inflight,
     ledger,
@@ -382,6 +425,7 @@ def join_cmd(
         device=device,
         dtype=dtype,
         batch_size=None if batch_size == "auto" else int(batch_size),
+        max_memory=max_memory,
         max_groups=max_groups,
         max_inflight=max_inflight,
         cache_dir=Path(cache_dir).expanduser(),
@@ -447,6 +491,7 @@ def join_cmd(
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object.")
 @click.option("--bench-barrier", is_flag=True, hidden=True)  # docs/benchmarks.md
+@_learner_memory_options
 @click.option(
     "--learner-credential",
     envvar="HIVEGRPO_LEARNER_CREDENTIAL",
@@ -475,6 +520,8 @@ def learn_cmd(
     as_json,
     bench_barrier,
     learner_credential,
+    micro_batch_tokens,
+    gradient_checkpointing,
     **network,
 ):
     """Join a swarm as a learner: verify the buckets' groups and turn them into adapter versions."""
@@ -502,6 +549,8 @@ def learn_cmd(
         logprob_tolerance=logprob_tolerance,
         ledger=Path(ledger).expanduser() if ledger else None,
         barrier=bench_barrier,
+        micro_batch_tokens=micro_batch_tokens,
+        gradient_checkpointing=gradient_checkpointing,
     )
     result = run_learner(config, on_ready=lambda peer: _stop_on_signals(peer.request_stop))
     if as_json:
@@ -621,6 +670,7 @@ def eval_cmd(
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the curve as JSON here.")
 @click.option("--save-adapter", type=click.Path(dir_okay=False), default=None, help="Write the final adapter here.")
+@_learner_memory_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def train_local(
     model,

@@ -47,7 +47,7 @@ from peer.protocol import (
 from peer.roles import rollout
 from peer.roles.adapters import Announcement, newest_announcement
 from peer.roles.basemodel import ModelSourceError, model_files, resolve_base
-from peer.roles.rollout import _SeqCounter, auto_batch_size, build_groups, recent_rate
+from peer.roles.rollout import _SeqCounter, build_groups, recent_rate
 from peer.roles.run import ManifestError, prompt_seed, run_spec
 from peer.roles.verify import REASONS, Refused, check_group, check_logprobs
 
@@ -270,22 +270,6 @@ def test_seq_counter_refuses_a_corrupt_file(tmp_path, text):
     (tmp_path / "peer.key.r.seq").write_text(text)
     with pytest.raises(UserError, match="delete it to start numbering afresh"):
         _SeqCounter(str(tmp_path / "peer.key"), "r")
-
-
-# ---------------------------------------------------------------------------------------------------- batch size
-
-
-def test_auto_batch_size_on_cpu_follows_a_quarter_of_free_ram(monkeypatch):
-    import psutil
-
-    c = SimpleNamespace(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=100)
-    model, cpu, G, p, m = SimpleNamespace(config=c), torch.device("cpu"), 8, 10, 6
-    # kv width 4 heads x 16, intermediate 4 x 64, float32 on CPU, and the 2x margin
-    per_row = 2 * (2 * 2 * 64 * (p + m) * 4 + 3 * 100 * 4 + p * (64 + 256) * 4)
-    for available, expected in [(4 * per_row * G * 5, 5), (4 * per_row * G * 5 - 1, 4), (0, 1), (2**50, 16)]:
-        monkeypatch.setattr(psutil, "virtual_memory", lambda a=available: SimpleNamespace(available=a))
-        assert auto_batch_size(model, cpu, G, p, m) == expected
-    assert rollout.CPU_BATCH_CAP == 16
 
 
 # ---------------------------------------------------------------------------------------------------- run spec

@@ -9,7 +9,8 @@ announced adapter. Then, batch after batch, never waiting for a learner:
 2. *backpressure*: if the bucket of the newest version already holds ``max_inflight`` groups (by default twice
    what the learners consume per version), wait — those would only be consumed later, staler, or dropped;
 3. take the next ``batch_size`` sequence numbers; the prompts are ``task.example(prompt_seed(run_seed, key), seq)``
-   so learners can regenerate them; sample G completions each with their behaviour log-probs;
+   so learners can regenerate them; sample G completions each with their behaviour log-probs (out of memory, or
+   over ``--max-memory`` by the estimate, the batch is halved and the same prompts retried: :mod:`peer.roles.memory`);
 4. hand the batch to the publisher (:mod:`peer.roles.publisher`: a child process scores it and builds the
    records and entries, a thread here stores them; sampling goes on meanwhile), and report throughput in the
    heartbeat.
@@ -31,20 +32,28 @@ import torch
 from peer.errors import UserError
 from peer.log import get_logger
 from peer.model.adapter import AdapterError
-from peer.model.prompts import prompt_ids
-from peer.model.sampling import Completions, sample_groups
+from peer.model.sampling import Completions, encode_prompts, sample_groups
 from peer.network.swarm import NetworkConfig
 from peer.protocol import Completion, GroupRecord, encode_tokens, key_fingerprint
 from peer.roles.adapters import AdapterFollower
 from peer.roles.closers import Closers
+from peer.roles.memory import (
+    CPU_BATCH_CAP,
+    CUDA_BATCH_CAP,
+    SAMPLED_PROMPTS,
+    auto_batch_size,
+    compute_dtype,
+    in_batches,
+    memory_budget,
+    mib,
+    row_bytes,
+)
 from peer.roles.publisher import MAX_GATHERED_GROUPS, Publisher, Sampled
 from peer.roles.run import RunSpec, prompt_seed, sampling_seed
 from peer.roles.session import Session, SessionConfig, default_cache_dir, open_session, settle_process
 
 logger = get_logger(__name__)
 
-CPU_BATCH_CAP = 16  # prompts; on the bundled model (1 thread) 16 prompts x 8 reach 0.90x the rate of 64 prompts
-CUDA_BATCH_CAP = 64
 BUCKET_EXPIRATION = 600.0  # s; bucket entries outlive the staleness window (docs/protocol.md, key table)
 
 
@@ -57,6 +66,7 @@ class RolloutConfig:
     device: str = "auto"
     dtype: str = "auto"  # compute dtype: auto, float32, bfloat16 or float16
     batch_size: int | None = None  # prompts per batch; None: sized to free memory
+    max_memory: int | None = None  # bytes the model and a batch may take (--max-memory); None: what is free
     max_groups: int | None = None  # stop after publishing this many
     max_inflight: int | None = None  # groups at the newest version before waiting; None: 2 x groups_per_version
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -74,6 +84,8 @@ class RolloutConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.max_groups is not None and self.max_groups < 1:
             raise ValueError(f"max_groups must be >= 1, got {self.max_groups}")
+        if self.max_memory is not None and (not isinstance(self.max_memory, int) or self.max_memory < 1):
+            raise ValueError(f"max_memory must be a positive number of bytes, got {self.max_memory!r}")
         if self.max_inflight is not None and self.max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
         if not self.batch_seconds >= 0.0:
@@ -91,32 +103,6 @@ class RolloutConfig:
             heartbeat_interval=self.heartbeat_interval,
             allowed_tasks=self.allowed_tasks,
         )
-
-
-def auto_batch_size(model, device: torch.device, group_size: int, prompt_tokens: int, max_new_tokens: int) -> int:
-    """Prompts per batch that fit half the free GPU memory (a quarter of free RAM on CPU), capped.
-
-    Per sampled row the decoder holds its KV cache (2 x layers x kv width x tokens), the last logits and softmax,
-    and the prefill's activations; the estimate counts those at the compute dtype with a 2x margin.
-    """
-    c = model.config
-    layers, hidden = c.num_hidden_layers, c.hidden_size
-    heads = c.num_attention_heads
-    kv_width = getattr(c, "num_key_value_heads", heads) * getattr(c, "head_dim", hidden // heads)
-    inter = getattr(c, "intermediate_size", 4 * hidden)
-    elem = 2 if device.type == "cuda" else 4
-    tokens = prompt_tokens + max_new_tokens
-    per_row = 2 * (
-        2 * layers * kv_width * tokens * elem + 3 * c.vocab_size * 4 + prompt_tokens * (hidden + inter) * elem
-    )
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget, cap = free // 2, CUDA_BATCH_CAP
-    else:
-        import psutil
-
-        budget, cap = psutil.virtual_memory().available // 4, CPU_BATCH_CAP
-    return max(1, min(cap, budget // (per_row * group_size)))
 
 
 def recent_rate(window: list[tuple[float, int]], elapsed: float) -> float:
@@ -265,6 +251,7 @@ class RolloutPeer:
         self.swarm = self.blobs = self.heartbeat = self.follower = self.publisher = None
         self.spec: RunSpec | None = None
         self.model = self.tokenizer = self.device = None
+        self.sampler = sample_groups  # replaceable in tests (e.g. one that runs out of memory above some size)
         self.stats = {
             "groups": 0,
             "completions": 0,
@@ -363,10 +350,58 @@ class RolloutPeer:
     def swap_seconds(self) -> list[float]:
         return self.session.swap_seconds if self.session is not None else []
 
+    def _prompt_tokens(self, prompts: list[str]) -> int:
+        """The longest of ``prompts`` in tokens, rendered as the sampler renders them (the batch's padded width)."""
+        ids, _ = encode_prompts(self.tokenizer, prompts, torch.device("cpu"), self.spec.prompt)
+        return int(ids.shape[1])
+
     def _auto_batch(self) -> int:
+        s, owner = self.spec.sampling, self.swarm.public_key
+        longest = self._prompt_tokens([self.spec.example(owner, i).prompt for i in range(SAMPLED_PROMPTS)])
+        return auto_batch_size(
+            self.model, self.device, s.group_size, longest, s.max_new_tokens, self.config.max_memory
+        )
+
+    def _over_budget(self, prompts: list[str]) -> str | None:
+        """Why a batch of ``prompts`` must not be tried (its estimate exceeds ``--max-memory``), or None."""
+        if self.config.max_memory is None:
+            return None
         s = self.spec.sampling
-        prompt = prompt_ids(self.tokenizer, self.spec.prompt, self.spec.example(self.swarm.public_key, 0).prompt)
-        return auto_batch_size(self.model, self.device, s.group_size, 2 * len(prompt), s.max_new_tokens)
+        per_row = row_bytes(
+            self.model.config, compute_dtype(self.model), self._prompt_tokens(prompts), s.max_new_tokens
+        )
+        need = per_row * len(prompts) * s.group_size
+        budget, _ = memory_budget(self.model, self.device, self.config.max_memory)
+        if need <= budget:
+            return None
+        return f"estimated {mib(need)}, --max-memory leaves {mib(budget)}"
+
+    def sample(self, examples: list, seqs: range, generator: torch.Generator) -> list[tuple[range, Completions]]:
+        """Sample the groups of ``seqs`` in batches of at most ``batch_size`` prompts, halving it (kept for the
+        next batches) when memory runs out or ``--max-memory`` would be exceeded (:func:`in_batches`)."""
+        s = self.spec.sampling
+
+        def one(start: int, stop: int) -> tuple[range, Completions]:
+            generator.manual_seed(sampling_seed(self.spec.seed, self.swarm.public_key, seqs[start]))
+            return seqs[start:stop], self.sampler(
+                self.model,
+                self.tokenizer,
+                [e.prompt for e in examples[start:stop]],
+                group_size=s.group_size,
+                max_new_tokens=s.max_new_tokens,
+                temperature=s.temperature,
+                device=self.device,
+                generator=generator,
+                prompt=self.spec.prompt,
+            )
+
+        batches, self.batch_size = in_batches(
+            one,
+            len(seqs),
+            self.batch_size,
+            check=lambda start, stop: self._over_budget([e.prompt for e in examples[start:stop]]),
+        )
+        return batches
 
     # --- the loop ------------------------------------------------------------------------------------------------
 
@@ -489,28 +524,19 @@ class RolloutPeer:
                     break
             seqs = self.seqs.reserve(n)
             examples = [spec.example(owner, seq) for seq in seqs]
-            generator.manual_seed(sampling_seed(spec.seed, owner, seqs.start))
             t0 = time.perf_counter()
-            batch = sample_groups(
-                self.model,
-                self.tokenizer,
-                [e.prompt for e in examples],
-                group_size=s.group_size,
-                max_new_tokens=s.max_new_tokens,
-                temperature=s.temperature,
-                device=self.device,
-                generator=generator,
-                prompt=spec.prompt,
-            )
+            sampled = self.sample(examples, seqs, generator)  # one batch, or several after running out of memory
             self.stats["decode_s"] += time.perf_counter() - t0
             paced = c.batch_seconds - (time.perf_counter() - t0)
             if paced > 0:  # a slower machine would publish these groups only now
                 self._stop.wait(paced)
             self.backlog.enqueued(self.version, n)
-            self.publisher.put(Sampled(batch, examples, seqs, self.version, self.sha))  # scored on its thread
+            for part, batch in sampled:  # scored on the publisher's thread
+                these = examples[part.start - seqs.start : part.stop - seqs.start]
+                self.publisher.put(Sampled(batch, these, part, self.version, self.sha))
             elapsed = time.perf_counter() - t0
             self.versions_used.add(self.version)
-            tokens = int(batch.completion_mask.sum())
+            tokens = sum(int(batch.completion_mask.sum()) for _, batch in sampled)
             self.stats["tokens"] += tokens
             self._ledger(
                 kind="batch",
@@ -579,4 +605,12 @@ def run_rollout(config: RolloutConfig, on_ready=None) -> dict:
         peer.close()
 
 
-__all__ = ["RolloutConfig", "RolloutPeer", "auto_batch_size", "build_groups", "run_rollout"]
+__all__ = [
+    "CPU_BATCH_CAP",
+    "CUDA_BATCH_CAP",
+    "RolloutConfig",
+    "RolloutPeer",
+    "auto_batch_size",
+    "build_groups",
+    "run_rollout",
+]
