@@ -75,35 +75,13 @@ def run_spec():
 
 
 def load_model(dtype: str, lora):
-    """The nf4 bundled base in ``dtype`` (its non-quantized modules and the 4-bit compute dtype) with a LoRA.
-
-    Uses ``ModelConfig(dtype=...)`` once :func:`peer.model.loading.load_base` honours it; until then it loads the
-    way load_base will (``torch_dtype=dtype``, ``bnb_4bit_compute_dtype=dtype``).
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
+    """The nf4 bundled base in ``dtype`` (its non-quantized modules and the 4-bit compute dtype) with a LoRA."""
     from peer.model.adapter import attach_lora
     from peer.model.config import ModelConfig
-    from peer.model.loading import bundled_path, disable_cpu_weight_repacking, load_base, load_tokenizer
+    from peer.model.loading import load_base
 
-    want = getattr(torch, dtype)
-    try:
-        base = load_base(ModelConfig(name="bundled", quantization="nf4", device="cpu", dtype=dtype))
-        model, tokenizer = base.model, base.tokenizer
-    except TypeError:  # a ModelConfig without dtype
-        model = None
-    if model is None or model.get_input_embeddings().weight.dtype != want:
-        source = str(bundled_path())
-        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=want)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, quantization_config=quant, dtype=want, device_map={"": "cpu"}
-        )
-        disable_cpu_weight_repacking(model)
-        model.requires_grad_(False)
-        model.eval()
-        tokenizer = load_tokenizer(source)
-    return attach_lora(model, lora), tokenizer
+    base = load_base(ModelConfig(name="bundled", quantization="nf4", device="cpu", dtype=dtype))
+    return attach_lora(base.model, lora), base.tokenizer
 
 
 def set_lora(model, tensors) -> None:
