@@ -65,7 +65,13 @@ RUN_ID = "realmodel"
 
 
 def probe(
-    folder: Path, task_name: str, task_config: dict, group_size: int, max_new_tokens: int, prompts: int = 8
+    folder: Path,
+    task_name: str,
+    task_config: dict,
+    group_size: int,
+    max_new_tokens: int,
+    prompts: int = 8,
+    prompt=None,
 ) -> dict:
     """Sample ``prompts`` groups of the task as a rollout peer would (nf4, the host's sampling settings, one
     thread): is there a reward to learn from?"""
@@ -73,6 +79,7 @@ def probe(
     import transformers
 
     from peer.grpo import SamplingConfig
+    from peer.grpo.config import PromptConfig
     from peer.model.config import ModelConfig
     from peer.model.loading import load_base
     from peer.model.sampling import sample_groups
@@ -95,9 +102,10 @@ def probe(
         temperature=sampling.temperature,
         device=base.device,
         generator=torch.Generator().manual_seed(0),
+        prompt=prompt or PromptConfig(),
     )
     sampled = time.perf_counter()
-    texts = batch.texts(base.tokenizer)
+    texts = batch.texts(base.tokenizer, (prompt or PromptConfig()).stop)
     rewards = [task.reward(t, examples[i // group_size]) for i, t in enumerate(texts)]
     groups = [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
     tokens = int(batch.completion_mask.sum())
@@ -279,6 +287,33 @@ def rollout_ledger_supported() -> bool:
 # --- the run ------------------------------------------------------------------------------------------------------
 
 
+def prompt_args(args) -> list[str]:
+    """The run's prompt settings as the host, ``eval`` and ``train-local`` take them."""
+    out = ["--chat-template", args.chat_template]
+    if args.system_prompt:
+        out += ["--system-prompt", args.system_prompt]
+    for stop in args.stop:
+        out += ["--stop", stop]
+    return out
+
+
+def held_out(model_dir: Path, task_config: dict, args, adapter: Path | None) -> dict:
+    """``hivegrpo eval`` of the base (``adapter`` None) or an adapter, nf4 as the peers run it, with the run's prompt
+    settings: greedy exact match on ``--eval-n`` held-out examples."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "peer.cli", "eval", "--model", str(model_dir), "--task", args.task]
+    argv += ["--task-config", json.dumps(task_config), "--n", str(args.eval_n), "--json"]
+    argv += ["--max-new-tokens", str(args.max_new_tokens), *prompt_args(args)]
+    if adapter is not None:
+        argv += ["--adapter", str(adapter)]
+    started = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    return result
+
+
 def run_swarm(root: Path, model_dir: Path, task_config: dict, args) -> dict:
     from peer.demo.swarm import LocalSwarm
 
@@ -286,6 +321,7 @@ def run_swarm(root: Path, model_dir: Path, task_config: dict, args) -> dict:
     host_args = ["--model", str(model_dir), "--task", args.task, "--task-config", json.dumps(task_config)]
     host_args += ["--group-size", str(args.group_size), "--groups-per-version", str(args.groups_per_version)]
     host_args += ["--seed", str(args.seed), "--max-new-tokens", str(args.max_new_tokens)]
+    host_args += prompt_args(args)
     ledgers = rollout_ledger_supported()
     rollout_args = [
         ["--ledger", str(root / f"rollout-{i + 1}.jsonl")] if ledgers else [] for i in range(args.rollout_peers)
@@ -297,7 +333,8 @@ def run_swarm(root: Path, model_dir: Path, task_config: dict, args) -> dict:
         rollout_peers=args.rollout_peers,
         ledger=root / "ledger.jsonl",
         host_args=host_args,
-        learner_args=["--lr", str(args.lr)] if args.lr is not None else [],
+        learner_args=(["--lr", str(args.lr)] if args.lr is not None else [])
+        + ["--checkpoint-dir", str(root / "learner-checkpoint"), "--checkpoint-every", "1"],
         rollout_args=rollout_args,
     )
     memory = MemorySampler().start(swarm)
@@ -413,6 +450,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--lr", type=float, default=None, help="the learner's --lr (default: the learner's own)")
     parser.add_argument("--model-dir", default=str(DEFAULT_MODEL_DIR), help="where the converted model is kept")
     parser.add_argument("--no-probe", action="store_true", help="skip the reward probe before the swarm")
+    parser.add_argument("--chat-template", default="none", choices=["none", "auto"], help="the host's --chat-template")
+    parser.add_argument("--system-prompt", default="", help="the host's --system-prompt")
+    parser.add_argument("--stop", action="append", default=[], help="the host's --stop (repeatable)")
+    parser.add_argument(
+        "--eval-n", type=int, default=0, help="held-out examples to score the base and the final adapter on (0: none)"
+    )
     parser.add_argument("--keep", default=None, help="keep the run's folder here (default: a temporary folder)")
     parser.add_argument("--out", default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
@@ -434,7 +477,12 @@ def main(argv=None) -> dict:
     model_dir = Path(prep["dir"])
     checked = None
     if not args.no_probe:
-        checked = probe(model_dir, args.task, task_config, args.group_size, args.max_new_tokens)
+        from peer.grpo.config import PromptConfig
+
+        prompt = PromptConfig(
+            chat_template=args.chat_template, system_prompt=args.system_prompt, stop=tuple(args.stop)
+        )
+        checked = probe(model_dir, args.task, task_config, args.group_size, args.max_new_tokens, prompt=prompt)
         print(
             f"probe: {checked['prompts']} groups of {checked['group_size']}, "
             f"reward mean {checked['reward_mean']:.3f}, "
@@ -458,6 +506,13 @@ def main(argv=None) -> dict:
         except UserError as e:  # the host or the learner died: its log's tail says why
             print(e, file=sys.stderr)
             sys.exit(1)
+        if args.eval_n:
+            final = root / "learner-checkpoint" / "adapter.safetensors"
+            run["held_out"] = {
+                "base": held_out(model_dir, task_config, args, None),
+                "final": held_out(model_dir, task_config, args, final) if final.exists() else None,
+            }
+            print(f"held-out exact match: {json.dumps(run['held_out'])}", flush=True)
     result = {"model": prep, "probe": checked, "task_config": task_config, "run": run, "config": vars(args)}
     if args.keep:
         result["run_dir"] = str(root)
