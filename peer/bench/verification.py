@@ -66,12 +66,25 @@ class Row:
 
 
 def run_spec():
-    from coordinator.manifest import RunSettings, build_manifest
-    from peer.model.loading import bundled_path
-    from peer.roles.run import run_spec as parse
+    """The run a default host publishes on the bundled model (addition, default sampling, loss and LoRA, seed 0),
+    built here without a manifest: the peer package never imports the coordinator's."""
+    from types import SimpleNamespace
 
-    manifest = build_manifest(RunSettings(run_id="verification"), bundled_path(), SHA, PEER_ID)
-    return parse(manifest, OWNER)
+    from peer.grpo.config import LossConfig, SamplingConfig, StalenessConfig
+    from peer.model.config import LoRAConfig
+    from peer.roles.run import RunSpec
+    from peer.tasks import get_task
+
+    return RunSpec(
+        manifest=SimpleNamespace(run_id="verification", seed=0),
+        coordinator_key=b"",
+        task=get_task("addition"),
+        sampling=SamplingConfig(),
+        loss=LossConfig(),
+        staleness=StalenessConfig(),
+        lora=LoRAConfig(),
+        groups_per_version=16,
+    )
 
 
 def load_model(dtype: str, lora):

@@ -25,6 +25,7 @@ positions (GPT-2 style) would see every padded row shifted and its log-probs wou
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,7 +138,7 @@ def completion_logprobs(
     completion_ids: torch.Tensor,
     temperature: float,
     *,
-    logits_to_keep: bool = False,
+    logits_to_keep: bool | None = None,
 ) -> torch.Tensor:
     """Log-prob of each completion token given its prompt and the completion before it: float32 [B, C].
 
@@ -146,8 +147,10 @@ def completion_logprobs(
     row's first eos are fed too, but causal attention keeps them from touching earlier positions; mask their
     log-probs out with :func:`completion_mask`.
 
-    ``logits_to_keep=True`` passes ``logits_to_keep=C + 1`` to the model (HuggingFace causal LMs accept it) so
-    the [B, P, V] prompt logits are never built; leave it off for a model that does not take that argument.
+    ``logits_to_keep`` (default: whenever the model's forward takes it, as HuggingFace causal LMs do) asks the model
+    for the last ``C + 1`` positions' logits only, so the [B, P, V] prompt logits are never built: on a real
+    vocabulary (SmolLM2: 49,152) with a chat-template prompt they were most of a learner's memory and a fifth of its
+    forward. ``False`` builds them all.
     Gradients flow into the model's parameters unless the caller runs this under ``torch.no_grad()``.
     """
     logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep)
@@ -159,7 +162,7 @@ def _completion_logits(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
-    logits_to_keep: bool,
+    logits_to_keep: bool | None,
 ) -> torch.Tensor:
     """The logits [B, C, V] that predict each completion token (see :func:`completion_logprobs`)."""
     _check_prompt_layout(prompt_ids, prompt_mask, completion_ids)
@@ -170,8 +173,11 @@ def _completion_logits(
         "attention_mask": attention_mask,
         "position_ids": position_ids_from_mask(attention_mask),
     }
-    if logits_to_keep:
-        kwargs["logits_to_keep"] = completion_len + 1
+    keep = _keep_argument(model) if logits_to_keep is not False else None
+    if logits_to_keep and keep is None:
+        keep = "logits_to_keep"  # asked for explicitly: the model must take it
+    if keep is not None:
+        kwargs[keep] = completion_len + 1
     logits = model(**kwargs).logits
     if logits.dim() != 3 or logits.shape[0] != prompt_ids.shape[0] or logits.shape[1] < completion_len + 1:
         raise ValueError(
@@ -182,6 +188,18 @@ def _completion_logits(
     return logits[:, -(completion_len + 1) : -1]
 
 
+def _keep_argument(model) -> str | None:
+    """The forward() keyword that limits which positions get logits (``logits_to_keep``, ``num_logits_to_keep``
+    before transformers 4.50), or None when the model's forward takes neither."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    forward = getattr(inner, "forward", None)
+    try:
+        params = inspect.signature(forward).parameters if forward is not None else {}
+    except (TypeError, ValueError):
+        return None
+    return next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in params), None)
+
+
 def completion_token_stats(
     model: CausalLM,
     prompt_ids: torch.Tensor,
@@ -189,7 +207,7 @@ def completion_token_stats(
     completion_ids: torch.Tensor,
     temperature: float,
     *,
-    logits_to_keep: bool = False,
+    logits_to_keep: bool | None = None,
 ) -> TokenStats:
     """:func:`completion_logprobs` (the same forward pass, the same ``logprobs``) with each token's
     :class:`TokenStats`, float32 [B, C]; for a verifier, so run it under ``torch.no_grad()``."""
