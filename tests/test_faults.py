@@ -184,6 +184,7 @@ class Run:
         }
 
 
+@pytest.mark.slow  # 65-180 s: with test_liars, a fifth of the default run; `make test-all` runs it
 @pytest.mark.timeout(600)
 def test_a_swarm_goes_on_through_dead_and_frozen_peers_and_loses_no_version(tmp_path, procs, reader):
     run = Run(procs, tmp_path, reader, "faults")

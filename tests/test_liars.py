@@ -31,6 +31,7 @@ def _summary(proc) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # 55-95 s; the forger alone, in a mixed-precision swarm: tests/test_precision.py (default run)
 @pytest.mark.timeout(420)
 def test_a_forger_and_a_flooder_are_banned_capped_and_cost_the_learner_no_memory(tmp_path, procs, reader):
     host, info = start_host(procs, tmp_path, "liars2", "--groups-per-version", "4")
