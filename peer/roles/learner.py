@@ -105,18 +105,7 @@ class LearnerConfig:
             )
 
     def session_config(self) -> SessionConfig:
-        return SessionConfig(
-            run_id=self.run_id,
-            network=self.network,
-            coordinator=self.coordinator,
-            quantization=self.quantization,
-            device=self.device,
-            dtype=self.dtype,
-            cache_dir=self.cache_dir,
-            heartbeat_interval=self.heartbeat_interval,
-            allowed_tasks=self.allowed_tasks,
-            learner_credential=self.learner_credential,
-        )
+        return SessionConfig.of(self)
 
 
 class LearnerPeer:

@@ -92,17 +92,7 @@ class RolloutConfig:
             raise ValueError(f"batch_seconds must be >= 0, got {self.batch_seconds}")
 
     def session_config(self) -> SessionConfig:
-        return SessionConfig(
-            run_id=self.run_id,
-            network=self.network,
-            coordinator=self.coordinator,
-            quantization=self.quantization,
-            device=self.device,
-            dtype=self.dtype,
-            cache_dir=self.cache_dir,
-            heartbeat_interval=self.heartbeat_interval,
-            allowed_tasks=self.allowed_tasks,
-        )
+        return SessionConfig.of(self)
 
 
 def recent_rate(window: list[tuple[float, int]], elapsed: float) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from peer.errors import UserError
@@ -58,6 +58,12 @@ class SessionConfig:
     heartbeat_interval: float = 10.0
     allowed_tasks: tuple[str, ...] = ()  # plug-in task modules a manifest may name (--allow-task); none by default
     learner_credential: str | None = None  # a learner's credential from the host (hgl1.…); learners must have one
+
+    @classmethod
+    def of(cls, role_config) -> SessionConfig:
+        """The start-up settings of a role's config: each of this class's fields the role's config has, by name."""
+        names = [f.name for f in fields(cls)]
+        return cls(**{name: getattr(role_config, name) for name in names if hasattr(role_config, name)})
 
 
 @dataclass
