@@ -80,7 +80,13 @@ class Publisher:
         self._process = context.Process(
             target=_child, args=(theirs, ours, prepare, store.entries_of, linger), name="group-publisher", daemon=True
         )
-        self._process.start()
+        # Blocked while forking: a Ctrl-C in the child's first instants (before it ignores it) would kill it mid-start.
+        quiet = {signal.SIGINT, signal.SIGTERM}
+        masked = signal.pthread_sigmask(signal.SIG_BLOCK, quiet)
+        try:
+            self._process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
         theirs.close()
         self._conn = ours
         self._thread = threading.Thread(target=self._receive, name="group-publisher", daemon=True)
@@ -189,6 +195,7 @@ def _child(conn, parent_end, prepare, make_entries, linger: float) -> None:
     parent_end.close()  # only the parent holds it now: its exit ends our recv with EOFError
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group; the parent says when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # blocked by the parent while forking
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the tokenizers library's own threads are not forked
     torch.set_num_threads(1)
     broken = False  # once a batch's scoring raised, nothing more is scored
