@@ -171,6 +171,10 @@ async def _settle_dht_process(_dht, node) -> int:
     process made since (docs/protocol.md). Returns how many objects were frozen."""
     import gc
 
+    from peer.procname import name_process
+
+    name_process("hivegrpo-dht")
+
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

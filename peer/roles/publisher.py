@@ -28,6 +28,7 @@ import torch
 
 from peer.log import get_logger
 from peer.model.sampling import Completions
+from peer.procname import name_process
 
 logger = get_logger(__name__)
 
@@ -193,6 +194,7 @@ def _get(conn):
 def _child(conn, parent_end, prepare, make_entries, linger: float) -> None:
     """The child's loop: gather batches for up to ``linger`` s, score them, make their entries, send them back."""
     parent_end.close()  # only the parent holds it now: its exit ends our recv with EOFError
+    name_process("hivegrpo-publis")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group; the parent says when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # blocked by the parent while forking
