@@ -193,6 +193,9 @@ def summarize(
                 "throughput": r.throughput,
                 "groups_per_s": groups_per_s,
                 "team": _team_role(r),
+                # a learner's share of wall time spent training, and of its verified groups without signal
+                "busy": r.stats.get("busy") if r.role == "learner" else None,
+                "no_signal_share": r.stats.get("no_signal_share") if r.role == "learner" else None,
                 "accepted": accepted,
                 "rejected": rejected,
                 "banned": fp in banned,
@@ -247,6 +250,17 @@ def summarize(
         "reward_history": history,
         "reward_trend": None if trend is None else round(trend, 4),
         "refused": [{"fingerprint": fp, "why": why} for fp, why in sorted(refused.items())],
+        **_leading_learner(rows),
+    }
+
+
+def _leading_learner(rows: list[dict]) -> dict[str, float | None]:
+    """The busy fraction and no-signal share of the live learner that leads (or the only one)."""
+    live = [r for r in rows if r["role"] == "learner" and r["state"] in LIVE and r["busy"] is not None]
+    lead = next((r for r in live if r["team"] != "helps"), None)
+    return {
+        "learner_busy": None if lead is None else lead["busy"],
+        "no_signal_share": None if lead is None else lead["no_signal_share"],
     }
 
 
@@ -287,6 +301,10 @@ def render(status: dict[str, Any]):
     )
     if status["staleness_mean"] is not None:
         head.append(f"\nstaleness mean {status['staleness_mean']:.2f}, max {status['staleness_max']}")
+    if status.get("learner_busy") is not None:
+        head.append(f" · learner busy {status['learner_busy']:.0%}")
+        if status.get("no_signal_share") is not None:
+            head.append(f" · groups without signal {status['no_signal_share']:.0%}")
     if status["reward_history"]:
         trend = status["reward_trend"]
         head.append(f" · reward {status['reward_mean']:.3f} {sparkline(status['reward_history'])}")

@@ -31,7 +31,8 @@ before a restart or of a learner that lost the lead. Every other refusal of ``ch
 
 def sample_run(groups_per_signer: dict[bytes, int] = GROUPS_PER_SIGNER) -> SimpleNamespace:
     """``spec``, ``model`` (the fp32 base with LoRA that sampled them), ``tokenizer``, ``vocab`` and
-    ``groups[owner]``: honest v0 groups with seqs ``0 .. n - 1``."""
+    ``groups[owner]``: honest v0 groups with seqs ``0 .. n - 1``, each with signal (rewards not all equal: the
+    intake keeps no other; a seq whose first sample scored flat is sampled again)."""
     import torch
 
     from coordinator.manifest import RunSettings, build_manifest
@@ -49,23 +50,56 @@ def sample_run(groups_per_signer: dict[bytes, int] = GROUPS_PER_SIGNER) -> Simpl
     model = attach_lora(base.model, LoRAConfig())
     s = spec.sampling
     groups = {}
+    flat: dict[tuple[bytes, int], GroupRecord] = {}
+    built_flat = lambda owner, seq: flat[(owner, seq)]  # noqa: E731
     for owner, n in groups_per_signer.items():
-        examples = [spec.example(owner, seq) for seq in range(n)]
-        batch = sample_groups(
-            model,
-            base.tokenizer,
-            [e.prompt for e in examples],
-            group_size=s.group_size,
-            max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature,
-            device=torch.device("cpu"),
-            generator=torch.Generator().manual_seed(1),
-        )
-        texts = batch.texts(base.tokenizer)
-        rewards = [spec.task.reward(text, examples[i // s.group_size]) for i, text in enumerate(texts)]
-        made = build_groups(batch, rewards, range(n), spec, version=0, sha=SHA0, owner=owner, producer=PEER_ID)
-        groups[owner] = made
+        made: dict[int, GroupRecord] = {}
+        for attempt in range(1, 9):  # a group whose rewards are all equal is dropped by the intake (no signal):
+            seqs = [seq for seq in range(n) if seq not in made]  # sample its prompt again until it has signal
+            if not seqs:
+                break
+            examples = [spec.example(owner, seq) for seq in seqs]
+            batch = sample_groups(
+                model,
+                base.tokenizer,
+                [e.prompt for e in examples],
+                group_size=s.group_size,
+                max_new_tokens=s.max_new_tokens,
+                temperature=s.temperature,
+                device=torch.device("cpu"),
+                generator=torch.Generator().manual_seed(attempt),
+            )
+            texts = batch.texts(base.tokenizer)
+            rewards = [spec.task.reward(text, examples[i // s.group_size]) for i, text in enumerate(texts)]
+            built = build_groups(batch, rewards, seqs, spec, version=0, sha=SHA0, owner=owner, producer=PEER_ID)
+            made.update({g.seq: g for g in built if max(g.rewards) > min(g.rewards)})
+            flat.update({(owner, g.seq): g for g in built if max(g.rewards) == min(g.rewards)})
+        for seq in [seq for seq in range(n) if seq not in made]:  # never scored apart: one completion answers
+            made[seq] = _with_the_answer(model, base.tokenizer, spec, built_flat(owner, seq), owner)
+        groups[owner] = [made[seq] for seq in range(n)]
     return SimpleNamespace(spec=spec, model=model, tokenizer=base.tokenizer, vocab=len(base.tokenizer), groups=groups)
+
+
+def _with_the_answer(model, tokenizer, spec, group: GroupRecord, owner: bytes) -> GroupRecord:
+    """``group`` with its first completion replaced by the right answer, its behaviour log-probs the model's own
+    (teacher-forced at the run's temperature) and its rewards recomputed: honest, with signal."""
+    import torch
+
+    from peer.grpo import completion_logprobs
+    from peer.protocol import Completion
+
+    example = spec.example(owner, group.seq)
+    answer = tokenizer(example.reference, add_special_tokens=False)["input_ids"][: spec.sampling.max_new_tokens - 1]
+    tokens = [*answer, tokenizer.eos_token_id]
+    prompt = torch.tensor([group.prompt_tokens()])
+    with torch.no_grad():
+        logprobs = completion_logprobs(
+            model, prompt, torch.ones_like(prompt), torch.tensor([tokens]), spec.sampling.temperature
+        )[0].tolist()
+    completions = [Completion.of(tokens, logprobs), *group.completions[1:]]
+    texts = [tokenizer.decode(c.tokens(), skip_special_tokens=True) for c in completions]
+    rewards = [float(spec.task.reward(t, example)) for t in texts]
+    return changed(group, completions=completions, rewards=rewards)
 
 
 def new_intake(run: SimpleNamespace, batch: int = 16, share_cap: float = 0.5, check_rate: float = 0.0) -> Intake:

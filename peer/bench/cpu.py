@@ -32,6 +32,12 @@ def label(process: psutil.Process, labels: dict[int, str]) -> str:
         return f"{labels.get(parent, '?')} {name.removeprefix('hivegrpo-')}"
     if name == "p2pd" or any(part.endswith("p2pd") for part in cmdline[:1]):
         return "p2pd"
+    if parent in labels:  # forked and not (yet) named: its parent's command line, not a role of its own
+        try:
+            if psutil.Process(parent).cmdline() == cmdline:
+                return f"{labels[parent]} child"
+        except psutil.Error:
+            pass
     for part in cmdline[1:4]:
         if part in ROLES:
             return ROLES[part]

@@ -263,6 +263,20 @@ class PeerRecord(_Record):
 # ---------------------------------------------------------------------------------------------------- adapters
 
 
+class Demand(_Model):
+    """What the announcing learner consumes, so rollout peers make about that much (docs/rollout.md, "Pacing").
+
+    ``groups_per_second``: verified groups it used or counted as without signal, per second, over its recent
+    updates; ``waiting``: verified groups in its pool when it announced (made, not yet used); ``contributors``: the
+    producers with a verified group in its recent window. Only an admitted learner's announcement counts, so only
+    the run's learners can slow a rollout peer down.
+    """
+
+    groups_per_second: pydantic.confloat(strict=True, ge=0.0, le=1e6, allow_inf_nan=False)
+    waiting: Count
+    contributors: pydantic.conint(strict=True, ge=0, le=1_000_000)
+
+
 class AdapterRecord(_Record):
     """A learner's announcement of the newest adapter version it holds and serves.
 
@@ -279,6 +293,7 @@ class AdapterRecord(_Record):
     providers: Providers
     created: Timestamp
     learner: PeerId
+    demand: Demand | None = None  # None: not yet measured (its first versions, or a learner that has not led)
 
     _distinct_providers = pydantic.validator("providers", allow_reuse=True)(lambda v: _unique(v, "providers") or v)
 

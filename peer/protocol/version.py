@@ -15,7 +15,8 @@ from typing import Any
 
 from peer.protocol.errors import ProtocolVersionError
 
-PROTOCOL_VERSION = 3  # 3: the learners key and record (only admitted learners write the lineage)
+PROTOCOL_VERSION = 4  # 4: the learner's demand in its adapter announcements (rollout peers pace to it)
+# 3: the learners key and record (only admitted learners write the lineage)
 # 2: the access key and record, per-producer tallies and rewards in metrics, invites in blobs
 
 

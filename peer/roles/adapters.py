@@ -31,6 +31,7 @@ from peer.log import get_logger
 from peer.protocol import (
     MAX_PROVIDERS,
     AdapterRecord,
+    Demand,
     RecordError,
     adapter_key,
     from_dht_value,
@@ -46,10 +47,18 @@ ANNOUNCEMENT_TTL = 600.0
 
 
 def announce_adapter(
-    swarm, blobs, version: int, blob: bytes, parent_sha256: str, ttl: float = ANNOUNCEMENT_TTL, ancestors=()
+    swarm,
+    blobs,
+    version: int,
+    blob: bytes,
+    parent_sha256: str,
+    ttl: float = ANNOUNCEMENT_TTL,
+    ancestors=(),
+    demand: Demand | None = None,
 ) -> AdapterRecord:
     """Serve ``blob`` from this peer's cache and announce it as adapter ``version`` under this peer's subkey;
-    ``ancestors``: the sha256 of the versions before it, newest first (the parent first), as far as known."""
+    ``ancestors``: the sha256 of the versions before it, newest first (the parent first), as far as known;
+    ``demand``: what this learner consumes (rollout peers pace to it)."""
     sha = blobs.cache.put_bytes(blob)
     record = AdapterRecord(
         version=version,
@@ -60,6 +69,7 @@ def announce_adapter(
         providers=[str(swarm.peer_id)],
         created=time.time(),
         learner=str(swarm.peer_id),
+        demand=demand,
     )
     for attempt in range(4):  # a store can come back refused under load; the retry expires later, so it wins
         expires = time.time() + ttl
@@ -86,6 +96,7 @@ class Announcement:
     announcers: int
     parent_sha256: str = ""
     created: float = 0.0  # wall time of the earliest announcement of these bytes (as its signer's clock says)
+    demand: Demand | None = None  # of the latest announcement of these bytes
 
 
 def announcements(swarm, admitted=None) -> list[tuple[bytes, AdapterRecord]]:
@@ -144,7 +155,11 @@ def newest_announcement(
     (sha, size), chosen = max(by_sha.items(), key=lambda kv: (len(kv[1]), -min(r.created for r in kv[1])))
     providers = tuple(dict.fromkeys(p for r in sorted(chosen, key=lambda r: r.created) for p in r.providers))
     first = min(chosen, key=lambda r: r.created)
-    return Announcement(top, sha, size, providers[:MAX_PROVIDERS], len(chosen), first.parent_sha256, first.created)
+    measured = [r for r in chosen if r.demand is not None]  # the leader's (a helper serving it says none)
+    demand = max(measured, key=lambda r: r.created).demand if measured else None
+    return Announcement(
+        top, sha, size, providers[:MAX_PROVIDERS], len(chosen), first.parent_sha256, first.created, demand
+    )
 
 
 def fetch_adapter(
@@ -226,6 +241,7 @@ class AdapterFollower:
         self.held_version = held_version
         self.held_sha = held_sha  # what this peer holds at held_version ("" : unknown, no descent check)
         self.latest_seen: Announcement | None = None
+        self.demand: Demand | None = None  # of the newest announcement: what the learners consume (pacing)
         self.received = Received()  # adapter bytes fetched over the network
         self.fetches = 0  # adapter versions fetched
         self._ready: tuple[Announcement, bytes] | None = None
@@ -277,6 +293,7 @@ class AdapterFollower:
         found = newest_announcement(records, held)
         if found is None:
             return
+        self.demand = found.demand  # the newest version's learner says what it consumes (None: not yet measured)
         with self._lock:
             known = self._newest_known()
         if found.version <= known:

@@ -19,7 +19,11 @@ with an in-memory bucket store. For each entry, in order:
    both forgiven — until a signer has more of them in a row (no verified group in between) than
    ``STRIKE_UPDATES`` updates' worth of the staleness window: an honest peer follows the lineage within a few
    batches, one that keeps sending such groups floods the learner and is banned;
-6. a sample (``check_rate``, drawn from this learner's private randomness, so a producer cannot predict it) waits
+6. a group whose rewards are all equal carries no advantage (GRPO's signal is the spread within a group): it
+   is counted (``no_signal``; :meth:`Intake.no_signal_share` for status) and never takes one of an update's
+   slots, which go to groups that teach something (DAPO's and INTELLECT-2's online filtering). Its rewards were
+   recomputed by step 5; its log-probs are never checked, as they never reach a loss;
+7. a sample (``check_rate``, drawn from this learner's private randomness, so a producer cannot predict it) waits
    for the caller to recompute its behaviour log-probs (:meth:`Intake.pending_checks` / :meth:`Intake.checked`);
    the rest are admitted to the pool.
 
@@ -46,13 +50,13 @@ import math
 import os
 import random
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 
 from peer.network.buckets import Fetched
 from peer.protocol import GroupRecord, key_fingerprint
 from peer.roles.run import RunSpec
-from peer.roles.verify import Refused, check_group
+from peer.roles.verify import REWARD_TOLERANCE, Refused, check_group
 
 FORGIVEN = ("schema", "duplicate", "unknown_version", "lineage", "surplus")
 """Refusal reasons that do not ban the signer."""
@@ -61,6 +65,7 @@ STRIKES = ("unknown_version", "lineage")
 STRIKE_UPDATES = 4  # such refusals in a row that ban: this many times groups_per_version x (tau_max + 1)
 FORGET_MARGIN = 2  # versions beyond the window whose seqs are still remembered one by one
 FORGET_EVERY = 8  # versions between two passes that forget old seqs
+RECENT_SIGNAL = 512  # verified groups over which the share without signal is reported
 
 
 @dataclass(frozen=True)
@@ -117,13 +122,16 @@ class Intake:
         self.rejected_by: Counter = Counter()  # signer -> groups refused
         self.strikes: Counter = Counter()  # signer -> STRIKES refusals since its last verified group
         self._forgotten_at = 0  # the learner's version at the last forget()
+        self.recent_signal: deque[bool] = deque(maxlen=RECENT_SIGNAL)  # of the latest verified groups: signal?
 
     # --- reading ---------------------------------------------------------------------------------------------------
 
     def add(self, fetched: Fetched, version: int) -> str | None:
         """Take one entry read from a bucket while the learner holds ``version``.
 
-        Returns None (verified), ``"banned"`` (its signer is), ``"stale"``, or the :class:`Refused` sentence.
+        Returns None (verified, waiting for an update or a log-prob check), ``"no_signal"`` (verified, but its rewards
+        are all equal: it carries no advantage and is counted, not kept), ``"banned"`` (its signer is), ``"stale"``,
+        or the :class:`Refused` sentence.
         """
         owner = fetched.owner
         if owner in self.banned:
@@ -159,12 +167,23 @@ class Intake:
         self.last_verified[owner] = max(group.version, self.last_verified.get(owner, -1))
         self.last_arrival[owner] = self.clock()
         self.strikes.pop(owner, None)
+        # each claimed reward is within REWARD_TOLERANCE of the recomputed one: a smaller spread may be a claim
+        signal = max(group.rewards) - min(group.rewards) > 2 * REWARD_TOLERANCE
+        self.recent_signal.append(signal)
+        if not signal:  # all rewards equal (and recomputed): no advantage, nothing to learn; never takes a slot
+            self.counts["no_signal"] += 1
+            return "no_signal"
         accepted = Accepted(owner, group)
         if self.check_rate and self.rng.random() < self.check_rate:
             self._pending.append(accepted)
         else:
             self._admit(accepted)
         return None
+
+    def no_signal_share(self) -> float:
+        """Of the latest verified groups, the share whose rewards were all equal (the task's difficulty signal: near
+        1 the task is too easy or too hard for the policy now)."""
+        return sum(not s for s in self.recent_signal) / len(self.recent_signal) if self.recent_signal else 0.0
 
     def checks_waiting(self) -> int:
         return len(self._pending)
@@ -233,6 +252,8 @@ class Intake:
             return self._take_barrier(version)
         cap = self.cap(version)
         if sum(min(cap, len(groups)) for groups in self.pool.values()) < self.batch:
+            # enough groups but too many of one signer's: the update waits for the others' shares
+            self.counts["short_capped" if self.waiting() >= self.batch else "short"] += 1
             return None
         candidates = sorted(
             ((a, i) for groups in self.pool.values() for i, a in enumerate(groups)),

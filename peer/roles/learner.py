@@ -26,7 +26,8 @@ import json
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from peer.log import get_logger
 from peer.model.adapter import adapter_to_bytes, lora_parameters, sha256_hex
 from peer.network.swarm import NetworkConfig
 from peer.protocol import (
+    Demand,
     MetricsRecord,
     PeerTally,
     key_fingerprint,
@@ -61,6 +63,7 @@ from peer.roles.verify import LogprobCheck, Refused, check_logprobs_many
 logger = get_logger(__name__)
 
 SPOT_CHECK_BATCH = 4  # log-prob checks wait until this many are due (or the update needs them)
+DEMAND_WINDOW = 10.0  # s over which the consumption rate in the announcements is measured
 KEEP_ADAPTERS = 2  # versions beyond the staleness window whose blobs stay in the cache (for slow followers)
 
 
@@ -123,6 +126,12 @@ class LearnerPeer:
         self.window: dict[int, tuple[str, list[torch.Tensor]]] = {}
         self.made = 0  # versions made (or, helping, applied) by this run of the learner
         self.step_seconds: list[float] = []
+        self.phases: Counter = Counter()  # wall seconds of the leading loop by phase (read, check, take, update, wait)
+        self.train_cpu = 0.0  # CPU seconds this thread spent computing updates (gradient and AdamW step)
+        self.busy = 0.0  # training CPU seconds / wall seconds, over the recent versions (status shows it)
+        self.used = 0  # groups this learner's updates used
+        self._consumption: deque[tuple[float, int, float]] = deque()  # (time, groups consumed, s waited)
+        self._since_version = time.perf_counter()  # when the previous version was made (busy fraction per version)
         self.staleness: list[int] = []
         self.history: list[dict] = []
         self.accepted_by: Counter = Counter()  # signer -> groups used in an update
@@ -258,6 +267,9 @@ class LearnerPeer:
                 "rejected": float(sum(self.intake.rejected.values())),
                 "banned": float(len(self.intake.banned)),
                 "waiting": float(self.intake.waiting()),
+                "no_signal": float(self.intake.counts["no_signal"]),
+                "no_signal_share": round(self.intake.no_signal_share(), 3),
+                "busy": round(self.busy, 3),
                 **self.team.heartbeat_stats(),
             },
         )
@@ -279,19 +291,28 @@ class LearnerPeer:
             if self.team.leader is not None:
                 self.team.help_once()
                 continue
-            self.team.leader_turn()
+            with self._phase("team"):
+                self.team.leader_turn()
             if self.team.leader is not None:  # it found a better leader
                 continue
-            self._read(timeout=0.0)
-            self._spot_check(minimum=SPOT_CHECK_BATCH)
-            chosen = intake.take(s.version)
-            if chosen is None:
-                self._spot_check()  # the groups waiting for a check may be the ones missing
+            with self._phase("read"):
+                self._read(timeout=0.0)
+            with self._phase("check"):
+                self._spot_check(minimum=SPOT_CHECK_BATCH)
+            with self._phase("take"):
                 chosen = intake.take(s.version)
             if chosen is None:
-                self._read(timeout=c.poll_interval)  # too few groups: wait for the fetcher
+                with self._phase("check"):
+                    self._spot_check()  # the groups waiting for a check may be the ones missing
+                with self._phase("take"):
+                    chosen = intake.take(s.version)
+            if chosen is None:
+                with self._phase("wait"):
+                    self.fetcher.wake()  # too few groups: read the buckets now, and wait for what comes
+                    self._read(timeout=c.poll_interval)
                 continue
-            self._update(chosen)
+            with self._phase("update"):
+                self._update(chosen)
         self.announcer.flush()
         seconds = time.perf_counter() - started
         if c.checkpoint_dir and self.made and self._checkpointed != frozenset({s.sha}):
@@ -303,6 +324,8 @@ class LearnerPeer:
             "adapter_sha256": s.sha,
             "groups_accepted": accepted,
             "groups_dropped_stale": intake.counts["dropped_stale"],
+            "groups_no_signal": intake.counts["no_signal"],
+            "takes_short": {"of_groups": intake.counts["short"], "of_other_signers": intake.counts["short_capped"]},
             "groups_rejected": dict(intake.rejected),
             "ignored_banned": intake.counts["ignored_banned"],
             "banned": sorted(key_fingerprint(o) for o in intake.banned),
@@ -316,7 +339,17 @@ class LearnerPeer:
             "resumed_from": self.resumed_from,
             "peer_id": str(s.swarm.peer_id),
             "team": self.team.summary(),
+            "busy_fraction": round(self.train_cpu / seconds, 3) if seconds else 0.0,
+            "phase_seconds": {k: round(v, 2) for k, v in self.phases.most_common()},
         }
+
+    @contextmanager
+    def _phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] += time.perf_counter() - t0
 
     def _read(self, timeout: float) -> None:
         """Move what the fetcher read into the intake (waiting up to ``timeout`` for the first entry)."""
@@ -375,19 +408,26 @@ class LearnerPeer:
     def _update(self, chosen: list[Accepted]) -> None:
         """Make version ``v + 1`` from ``chosen`` (its gradient computed in shares with the helpers, if any)."""
         s, c = self.session, self.config
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         combined, cost = self.team.gradient(chosen)
         taus = [s.version - a.group.version for a in chosen]
         self.staleness.extend(taus)
+        self.used += len(chosen)
         if combined is None:  # every group's rewards were all equal: they are used, but nothing moves
             self._record(None, chosen, taus, time.perf_counter() - t0, None)
             return
         grad_norm = apply_gradient(s.model, self.optimizer, combined.grads, c.max_grad_norm)
+        train_cpu = time.thread_time() - cpu0
+        self.train_cpu += train_cpu
+        now = time.perf_counter()
+        busy = train_cpu / max(1e-6, now - self._since_version)  # of the wall time since the previous version
+        self._since_version = now
+        self.busy = busy if not self.step_seconds else 0.9 * self.busy + 0.1 * busy
         blob = adapter_to_bytes(s.model)
         parent, sha = s.sha, sha256_hex(blob)
         seconds = time.perf_counter() - t0
         self.step_seconds.append(seconds)
-        stats = {**combined.stats, "grad_norm": grad_norm, **cost}
+        stats = {**combined.stats, "grad_norm": grad_norm, "busy": round(busy, 3), **cost}
         record = self._record(parent, chosen, taus, seconds, stats, version=s.version + 1, sha=sha)
         delta = self.intake_delta(chosen)
         self.team.stepped(chosen, combined.grads, blob, parent, record, delta)
@@ -432,10 +472,30 @@ class LearnerPeer:
         gate = None
         if self.team.leader is None:  # leading: announced once the helpers hold it (none: at once)
             gate = lambda v=s.version: self.team.lead.holds(v)  # noqa: E731
-        self.announcer.submit(s.version, blob, parent, metrics, gate)
+        self.announcer.submit(s.version, blob, parent, metrics, gate, self.demand() if gate is not None else None)
         self.beat()
         if c.checkpoint_dir and self.made % c.checkpoint_every == 0:
             self.checkpoint()
+
+    def demand(self) -> Demand | None:
+        """What this learner would consume if it never waited, for its announcement (rollout peers pace to it):
+        groups used or counted as without signal over the last ``DEMAND_WINDOW`` seconds, per second of them it
+        spent not waiting for groups (consumption alone would fall with a starved learner, and the rollout peers
+        with it); None until the window spans a second."""
+        now, consumed, waited = time.monotonic(), self.used + self.intake.counts["no_signal"], self.phases["wait"]
+        window = self._consumption
+        window.append((now, consumed, waited))
+        while len(window) > 2 and window[1][0] <= now - DEMAND_WINDOW:
+            window.popleft()
+        then, before, waited_before = window[0]
+        if now - then < 1.0:
+            return None
+        working = max(0.1 * (now - then), (now - then) - (waited - waited_before))
+        return Demand(
+            groups_per_second=round(min(1e6, (consumed - before) / working), 3),
+            waiting=self.intake.waiting() + self.intake.checks_waiting(),
+            contributors=self.intake.contributors(self.session.version),
+        )
 
     def _record(self, parent, chosen, taus, seconds, stats, version=None, sha=None) -> dict:
         s = self.session
@@ -452,6 +512,8 @@ class LearnerPeer:
             "step_seconds": round(seconds, 4),
             "waiting": self.intake.waiting(),
             "dropped_stale": self.intake.counts["dropped_stale"],
+            "no_signal": self.intake.counts["no_signal"],
+            "no_signal_share": round(self.intake.no_signal_share(), 3),
             "rejected": dict(self.intake.rejected),
             "banned": sorted(key_fingerprint(o) for o in self.intake.banned),
             "per_peer": dict(Counter(key_fingerprint(a.owner) for a in chosen)),

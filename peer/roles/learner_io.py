@@ -7,7 +7,7 @@ import threading
 import time
 
 from peer.log import get_logger
-from peer.protocol import MetricsRecord, metrics_key, owner_subkey, to_dht_value
+from peer.protocol import Demand, MetricsRecord, metrics_key, owner_subkey, to_dht_value
 from peer.protocol.limits import MAX_ANCESTORS
 from peer.roles.adapters import announce_adapter
 
@@ -27,6 +27,7 @@ class Fetcher:
     """
 
     FULL_EVERY = 8
+    MIN_GAP = 0.05  # s between two reads at least, however often the learner wakes the fetcher
 
     def __init__(self, store, window: int, interval: float, skip=()):
         self.store = store
@@ -39,7 +40,12 @@ class Fetcher:
         self._seen: set = set()
         self._polls, self._last = 0, 0
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bucket-fetcher", daemon=True)
+
+    def wake(self) -> None:
+        """Read again now, not at the next interval: the learner waits for groups (at most every MIN_GAP s)."""
+        self._wake.set()
 
     def start(self) -> Fetcher:
         self._thread.start()
@@ -47,12 +53,15 @@ class Fetcher:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self.poll()
-            self._stop.wait(self.interval)
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            self._stop.wait(self.MIN_GAP)
 
     def poll(self) -> None:
         """One read: the newest versions, the whole window every ``FULL_EVERY``-th time, the versions leaving."""
@@ -105,9 +114,17 @@ class Announcer:
         self._thread = threading.Thread(target=self._run, name="adapter-announcer", daemon=True)
         self._thread.start()
 
-    def submit(self, version: int, blob: bytes, parent_sha: str, metrics: MetricsRecord | None, gate=None) -> None:
+    def submit(
+        self,
+        version: int,
+        blob: bytes,
+        parent_sha: str,
+        metrics: MetricsRecord | None,
+        gate=None,
+        demand: Demand | None = None,
+    ) -> None:
         with self._lock:
-            self._pending = (version, blob, parent_sha, metrics, gate)
+            self._pending = (version, blob, parent_sha, metrics, gate, demand)
             self._idle.clear()
         self._wake.set()
 
@@ -176,10 +193,16 @@ class Announcer:
                 else:
                     self._idle.set()
                     continue
-            version, blob, parent, metrics, _ = pending
+            version, blob, parent, metrics, _, demand = pending
             try:
                 announce_adapter(
-                    self.swarm, self.blobs, version, blob, parent, ancestors=self._ancestors(version, parent)
+                    self.swarm,
+                    self.blobs,
+                    version,
+                    blob,
+                    parent,
+                    ancestors=self._ancestors(version, parent),
+                    demand=demand,
                 )
                 self.announced, self._current, last = version, pending, time.monotonic()
                 if metrics is not None:

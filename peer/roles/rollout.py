@@ -6,8 +6,10 @@ announced adapter. Then, batch after batch, never waiting for a learner:
 
 1. between two batches, hot-swap to a newer adapter if the follower thread has prefetched one, and check that
    the adapter now in the model hashes to the announced sha256 (else stop loudly: the groups would lie);
-2. *backpressure*: if the bucket of the newest version already holds ``max_inflight`` groups (by default twice
-   what the learners consume per version), wait — those would only be consumed later, staler, or dropped;
+2. *pacing*: the newest admitted announcement says what its learner consumes (groups/s, what it holds, how many
+   producers): this peer makes its share of that (:class:`Pacer`), so groups made ≈ groups used. Until a learner
+   has measured it, *backpressure*: if the bucket of the newest version already holds ``max_inflight`` groups (by
+   default twice what the learners consume per version), wait — those would only be consumed later or dropped;
 3. take the next ``batch_size`` sequence numbers; the prompts are ``task.example(prompt_seed(run_seed, key), seq)``
    so learners can regenerate them; sample G completions each with their behaviour log-probs (out of memory, or
    over ``--max-memory`` by the estimate, the batch is halved and the same prompts retried: :mod:`peer.roles.memory`);
@@ -180,6 +182,7 @@ class _Backlog:
         self.interval = interval
         self.near = near  # counts start once the estimate reaches this many groups
         self.version = -1
+        self.active = True  # False while the learners' demand paces the peer: no counting then
         self._counted: tuple[int, int, int] = (-1, 0, 0)  # (version, count, enqueued then)
         self._enqueued: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -220,12 +223,50 @@ class _Backlog:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             # a count is a DHT get of the whole bucket: only worth it once the estimate nears the bound
-            if self.version < 0 or self.estimate(self.version) < self.near:
+            if not self.active or self.version < 0 or self.estimate(self.version) < self.near:
                 continue
             try:
                 self.count_now(self.version)
             except Exception as e:  # the network boundary: keep the old count, try again
                 logger.warning("could not count the bucket of v%d: %s", self.version, e)
+
+
+POOL_TARGET = 2  # updates' worth of groups the pacing keeps waiting in a learner's pool: one for the next update,
+# one so that a late batch of one producer does not hold it up (the per-peer cap makes it wait for each producer)
+
+
+class Pacer:
+    """This peer's share of what the learners consume (the :class:`~peer.protocol.Demand` in the newest admitted
+    announcement): ``groups_per_second / contributors``, raised while the learner's pool holds fewer than
+    ``target`` groups (it would wait for groups) and lowered while it holds more (they would go stale), within
+    [``LOW``, ``HIGH``] times the share. A batch of ``n`` groups started at ``t`` lets the next start at
+    ``t + n / rate``. Pure arithmetic: the demand comes from the follower, the clock from the caller."""
+
+    GAIN = 0.5  # how hard the pool's distance from the target moves the rate
+    LOW, HIGH = 0.5, 2.0
+
+    def __init__(self, target: int):
+        self.target = max(1, target)
+        self.last: tuple[float, int] | None = None  # (start, groups) of the previous batch
+
+    def rate(self, demand) -> float | None:
+        """Groups per second this peer should make; None: no demand measured (make as many as backpressure lets)."""
+        if demand is None or demand.groups_per_second <= 0:
+            return None
+        share = demand.groups_per_second / max(1, demand.contributors)
+        error = (self.target - demand.waiting) / self.target
+        return share * min(self.HIGH, max(self.LOW, 1.0 + self.GAIN * error))
+
+    def wait(self, demand, now: float) -> float:
+        """Seconds until the next batch may start (0: now)."""
+        rate = self.rate(demand)
+        if rate is None or self.last is None:
+            return 0.0
+        start, n = self.last
+        return max(0.0, start + n / rate - now)
+
+    def started(self, now: float, n: int) -> None:
+        self.last = (now, n)
 
 
 class RolloutPeer:
@@ -308,6 +349,7 @@ class RolloutPeer:
         self._closers.add(self.publisher.close)
         self.store = self.publisher.store
         self.backlog = _Backlog(self.store, c.poll_interval, near=self.max_inflight // 2)
+        self.pacer = Pacer(POOL_TARGET * spec.groups_per_version)
         self._closers.add(self.backlog.stop)
         self.heartbeat.update(
             state="running", adapter_version=self.version, stats={"batch_size": float(self.batch_size)}
@@ -452,25 +494,36 @@ class RolloutPeer:
             self._follow()
 
     def _wait_for_learners(self) -> None:
-        """Backpressure: while the newest version's bucket is full, wait for a new version (or a stop) — at most
-        ``MAX_PAUSE`` seconds, then one more batch: a learner that used the groups up without making a version
-        (all rewards equal: no signal) must get new ones, or the swarm would wait forever."""
+        """Pace to the learners' demand when their newest announcement carries one (:class:`Pacer`): only an admitted
+        learner can slow this peer down. Without one, backpressure: while the newest version's bucket is full, wait
+        for a new version (or a stop). Either waits at most ``MAX_PAUSE`` seconds, then one more batch: a learner
+        that used the groups up without making a version (no signal) must get new ones, or the swarm would stall."""
         said = False
         paused = time.perf_counter()
         while not self._stop.is_set():
-            self.backlog.version = self.version
-            if self.backlog.estimate(self.version) < self.max_inflight:
-                return
+            demand = getattr(self.follower, "demand", None)
+            paced = demand is not None and demand.groups_per_second > 0
+            self.backlog.active = not paced  # the bucket is counted only while it decides
+            if paced:
+                delay = self.pacer.wait(demand, time.perf_counter())
+                if delay <= 0:
+                    return
+                step = min(delay, 0.5)  # the demand may change meanwhile: look again at least every 0.5 s
+            else:
+                self.backlog.version = self.version
+                if self.backlog.estimate(self.version) < self.max_inflight:
+                    return
+                step = 1.0
+                if not said:
+                    logger.info("%d groups of v%d wait for the learners; pausing", self.max_inflight, self.version)
+                    said = True
             if time.perf_counter() - paused >= self.MAX_PAUSE:
                 logger.info("no new version for %.0f s; sampling one more batch of v%d", self.MAX_PAUSE, self.version)
                 return
-            if not said:
-                logger.info("%d groups of v%d wait for the learners; pausing", self.max_inflight, self.version)
-                said = True
             start = time.perf_counter()
-            self.follower.wait(1.0)
+            self.follower.wait(step)
             self.stats["waited_s"] += time.perf_counter() - start
-            if self._follow():
+            if self._follow() and not paced:
                 return
 
     def score(self, sampled: Sampled) -> list[GroupRecord]:
@@ -515,6 +568,7 @@ class RolloutPeer:
             seqs = self.seqs.reserve(n)
             examples = [spec.example(owner, seq) for seq in seqs]
             t0 = time.perf_counter()
+            self.pacer.started(t0, n)
             sampled = self.sample(examples, seqs, generator)  # one batch, or several after running out of memory
             self.stats["decode_s"] += time.perf_counter() - t0
             paced = c.batch_seconds - (time.perf_counter() - t0)

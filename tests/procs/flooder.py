@@ -42,6 +42,10 @@ def made_up_group(spec, tokenizer, owner: bytes, producer: str, seq: int, versio
 
     example = spec.example(owner, seq)
     completions = [[1 + (seq + i) % 9, 2] for i in range(spec.sampling.group_size)]
+    # the first completion answers right: groups whose rewards are all equal would be dropped as without signal
+    # before any check that could catch the flood
+    answer = tokenizer(example.reference, add_special_tokens=False)["input_ids"][: spec.sampling.max_new_tokens - 1]
+    completions[0] = [*answer, 2]
     rewards = [spec.task.reward(_decode(tokenizer, tuple(c)), example) for c in completions]
     fields = dict(
         version=version,
