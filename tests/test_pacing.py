@@ -77,8 +77,9 @@ def test_the_next_batch_may_start_n_over_rate_after_the_last_one():
 class Follower:
     """No new version comes; ``demand`` is what the newest announcement said."""
 
-    def __init__(self, demand=None):
+    def __init__(self, demand=None, seen_ago: float = 0.0):
         self.demand = demand
+        self.demand_seen = time.monotonic() - seen_ago  # when the newest version (and its demand) came
         self.waits: list[float] = []
 
     def wait(self, timeout):  # the real one returns early only when a new version is ready
@@ -99,11 +100,15 @@ class Backlog:
         self.asked += 1
         return self.value
 
+    def enqueued_in(self, low, high):  # this peer's own groups of the version: none yet
+        return 0
+
 
 def peer(follower, backlog, *, max_pause: float = 10.0) -> RolloutPeer:
     p = RolloutPeer.__new__(RolloutPeer)
     p._stop, p.follower, p.stats = threading.Event(), follower, {"waited_s": 0.0}
     p.session, p.max_inflight, p.MAX_PAUSE = SimpleNamespace(version=3), 32, max_pause
+    p.spec = SimpleNamespace(groups_per_version=16)
     p.backlog, p.pacer = backlog, Pacer(16)
     return p
 
@@ -203,3 +208,15 @@ def test_an_inactive_backlog_takes_no_count():
         assert store.counts >= 1 and backlog.estimate(2) == 100
     finally:
         backlog.stop()
+
+
+def test_a_demand_whose_version_came_long_ago_no_longer_paces():
+    """A learner that stopped announces nothing new: after 3 version intervals (16 groups at 16/s: 1 s) + 5 s its
+    last demand is not followed and backpressure decides again (here: an empty bucket, so the batch starts)."""
+    demand = Demand(groups_per_second=16.0, waiting=32, contributors=1)
+    fresh = peer(Follower(demand), Backlog(0))
+    fresh.pacer.started(time.perf_counter(), 8)
+    assert timed(fresh) >= 0.3 and fresh.backlog.active is False, "a fresh demand paces (8 groups at 16/s)"
+    stale = peer(Follower(demand, seen_ago=9.0), Backlog(0))
+    stale.pacer.started(time.perf_counter(), 8)
+    assert timed(stale) < 0.2 and stale.backlog.active is True and stale.backlog.asked >= 1

@@ -242,6 +242,8 @@ class AdapterFollower:
         self.held_sha = held_sha  # what this peer holds at held_version ("" : unknown, no descent check)
         self.latest_seen: Announcement | None = None
         self.demand: Demand | None = None  # of the newest announcement: what the learners consume (pacing)
+        self.demand_seen = 0.0  # monotonic time the newest version was first seen here
+        self._demand_of: tuple[int, str] | None = None
         self.received = Received()  # adapter bytes fetched over the network
         self.fetches = 0  # adapter versions fetched
         self._ready: tuple[Announcement, bytes] | None = None
@@ -293,6 +295,8 @@ class AdapterFollower:
         found = newest_announcement(records, held)
         if found is None:
             return
+        if (found.version, found.sha256) != self._demand_of:  # a new version: its demand, and when it came
+            self._demand_of, self.demand_seen = (found.version, found.sha256), time.monotonic()
         self.demand = found.demand  # the newest version's learner says what it consumes (None: not yet measured)
         with self._lock:
             known = self._newest_known()

@@ -512,7 +512,7 @@ class LearnerPeer:
             "step_seconds": round(seconds, 4),
             "waiting": self.intake.waiting(),
             "dropped_stale": self.intake.counts["dropped_stale"],
-            "no_signal": self.intake.counts["no_signal"],
+            "dropped_no_signal": self.intake.counts["no_signal"],  # ("no_signal": true marks an update without)
             "no_signal_share": round(self.intake.no_signal_share(), 3),
             "rejected": dict(self.intake.rejected),
             "banned": sorted(key_fingerprint(o) for o in self.intake.banned),

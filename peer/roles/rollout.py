@@ -231,6 +231,7 @@ class _Backlog:
                 logger.warning("could not count the bucket of v%d: %s", self.version, e)
 
 
+DEMAND_FRESH_FACTOR, DEMAND_FRESH_SLACK = 3.0, 5.0  # a demand older than 3 version intervals + 5 s is not followed
 POOL_TARGET = 2  # updates' worth of groups the pacing keeps waiting in a learner's pool: one for the next update,
 # one so that a late batch of one producer does not hold it up (the per-peer cap makes it wait for each producer)
 
@@ -502,13 +503,14 @@ class RolloutPeer:
         paused = time.perf_counter()
         while not self._stop.is_set():
             demand = getattr(self.follower, "demand", None)
-            paced = demand is not None and demand.groups_per_second > 0
+            paced = demand is not None and demand.groups_per_second > 0 and self._demand_is_fresh(demand)
             self.backlog.active = not paced  # the bucket is counted only while it decides
             if paced:
                 delay = self.pacer.wait(demand, time.perf_counter())
-                if delay <= 0:
+                own = self.backlog.enqueued_in(self.version, self.version)  # never more than max_inflight of its
+                if delay <= 0 and own < self.max_inflight:  # own per version: the learners may have stopped
                     return
-                step = min(delay, 0.5)  # the demand may change meanwhile: look again at least every 0.5 s
+                step = min(delay, 0.5) if delay > 0 else 0.5  # the demand may change: look again every 0.5 s
             else:
                 self.backlog.version = self.version
                 if self.backlog.estimate(self.version) < self.max_inflight:
@@ -525,6 +527,14 @@ class RolloutPeer:
             self.stats["waited_s"] += time.perf_counter() - start
             if self._follow() and not paced:
                 return
+
+    def _demand_is_fresh(self, demand) -> bool:
+        """Whether the newest version came recently enough for its demand to hold: within 3 times the interval
+        between versions the demand implies, plus 5 s. A learner that stopped (or waits for groups without making
+        versions) announces nothing new; its last demand must not keep throttling the peer."""
+        interval = self.spec.groups_per_version / demand.groups_per_second
+        seen = getattr(self.follower, "demand_seen", 0.0)
+        return time.monotonic() - seen <= DEMAND_FRESH_FACTOR * interval + DEMAND_FRESH_SLACK
 
     def score(self, sampled: Sampled) -> list[GroupRecord]:
         """Rewards and records of a sampled batch (the publisher's process calls it)."""
