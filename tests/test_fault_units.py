@@ -67,9 +67,7 @@ def announcer(monkeypatch):
     from peer.roles import learner_io
 
     announced = []
-    monkeypatch.setattr(
-        learner_io, "announce_adapter", lambda swarm, blobs, v, blob, parent, ancestors=(): announced.append(v)
-    )
+    monkeypatch.setattr(learner_io, "announce_adapter", lambda swarm, blobs, v, blob, parent, **_: announced.append(v))
     a = learner_io.Announcer(_Swarm(), None)
     a.GATE_FLUSH = 0.3
     a.announced_versions = announced

@@ -109,7 +109,7 @@ def peer(follower, backlog, *, max_pause: float = 10.0) -> RolloutPeer:
     p._stop, p.follower, p.stats = threading.Event(), follower, {"waited_s": 0.0}
     p.session, p.max_inflight, p.MAX_PAUSE = SimpleNamespace(version=3), 32, max_pause
     p.spec = SimpleNamespace(groups_per_version=16)
-    p.backlog, p.pacer = backlog, Pacer(16)
+    p.backlog, p.pacer, p.own_bound = backlog, Pacer(16), 64
     return p
 
 
@@ -211,8 +211,9 @@ def test_an_inactive_backlog_takes_no_count():
 
 
 def test_a_demand_whose_version_came_long_ago_no_longer_paces():
-    """A learner that stopped announces nothing new: after 3 version intervals (16 groups at 16/s: 1 s) + 5 s its
-    last demand is not followed and backpressure decides again (here: an empty bucket, so the batch starts)."""
+    """A learner that stopped announces nothing new: after 3 version intervals (16 groups at 16/s: 1 s, at least
+    the 2 s between a waiting learner's re-announcements) + 1 s its last demand is not followed and backpressure
+    decides again (here: an empty bucket, so the batch starts)."""
     demand = Demand(groups_per_second=16.0, waiting=32, contributors=1)
     fresh = peer(Follower(demand), Backlog(0))
     fresh.pacer.started(time.perf_counter(), 8)
@@ -220,3 +221,16 @@ def test_a_demand_whose_version_came_long_ago_no_longer_paces():
     stale = peer(Follower(demand, seen_ago=9.0), Backlog(0))
     stale.pacer.started(time.perf_counter(), 8)
     assert timed(stale) < 0.2 and stale.backlog.active is True and stale.backlog.asked >= 1
+
+
+def test_while_paced_a_peer_makes_at_most_its_own_bound_of_groups_per_version():
+    """However fresh the demand, a peer holding one version stops at ``own_bound`` groups of it (its own count:
+    no one else moves it) and waits for a new version, at most MAX_PAUSE."""
+
+    class Own(Backlog):
+        def enqueued_in(self, low, high):
+            return 64
+
+    p = peer(Follower(Demand(groups_per_second=1000.0, waiting=0, contributors=1)), Own(0), max_pause=0.6)
+    waited = timed(p)
+    assert 0.5 <= waited < 2.0, "waited for a new version until MAX_PAUSE"

@@ -42,6 +42,8 @@ from peer.protocol import (
 
 logger = get_logger(__name__)
 
+REDEMAND_EVERY = 2.0  # s between a waiting learner's re-announcements of its version (a fresh demand: alive)
+
 
 ANNOUNCEMENT_TTL = 600.0
 
@@ -97,6 +99,7 @@ class Announcement:
     parent_sha256: str = ""
     created: float = 0.0  # wall time of the earliest announcement of these bytes (as its signer's clock says)
     demand: Demand | None = None  # of the latest announcement of these bytes
+    demand_created: float = 0.0  # that announcement's time (a learner re-announces while it waits for groups)
 
 
 def announcements(swarm, admitted=None) -> list[tuple[bytes, AdapterRecord]]:
@@ -156,9 +159,17 @@ def newest_announcement(
     providers = tuple(dict.fromkeys(p for r in sorted(chosen, key=lambda r: r.created) for p in r.providers))
     first = min(chosen, key=lambda r: r.created)
     measured = [r for r in chosen if r.demand is not None]  # the leader's (a helper serving it says none)
-    demand = max(measured, key=lambda r: r.created).demand if measured else None
+    latest = max(measured, key=lambda r: r.created) if measured else None
     return Announcement(
-        top, sha, size, providers[:MAX_PROVIDERS], len(chosen), first.parent_sha256, first.created, demand
+        top,
+        sha,
+        size,
+        providers[:MAX_PROVIDERS],
+        len(chosen),
+        first.parent_sha256,
+        first.created,
+        latest.demand if latest else None,
+        latest.created if latest else 0.0,
     )
 
 
@@ -242,8 +253,8 @@ class AdapterFollower:
         self.held_sha = held_sha  # what this peer holds at held_version ("" : unknown, no descent check)
         self.latest_seen: Announcement | None = None
         self.demand: Demand | None = None  # of the newest announcement: what the learners consume (pacing)
-        self.demand_seen = 0.0  # monotonic time the newest version was first seen here
-        self._demand_of: tuple[int, str] | None = None
+        self.demand_seen = 0.0  # monotonic time the newest version (or its latest re-announcement) came here
+        self._demand_of: tuple[int, str, float] | None = None
         self.received = Received()  # adapter bytes fetched over the network
         self.fetches = 0  # adapter versions fetched
         self._ready: tuple[Announcement, bytes] | None = None
@@ -295,8 +306,9 @@ class AdapterFollower:
         found = newest_announcement(records, held)
         if found is None:
             return
-        if (found.version, found.sha256) != self._demand_of:  # a new version: its demand, and when it came
-            self._demand_of, self.demand_seen = (found.version, found.sha256), time.monotonic()
+        heard = (found.version, found.sha256, found.demand_created)
+        if heard != self._demand_of:  # a new version, or the same re-announced: a live learner; when it came
+            self._demand_of, self.demand_seen = heard, time.monotonic()
         self.demand = found.demand  # the newest version's learner says what it consumes (None: not yet measured)
         with self._lock:
             known = self._newest_known()

@@ -44,6 +44,7 @@ from peer.protocol import (
     key_fingerprint,
 )
 from peer.protocol.limits import MAX_HISTORY, MAX_TALLIED
+from peer.roles.adapters import REDEMAND_EVERY
 from peer.roles.checkpoint import append_journal, journal_chain, read_checkpoint, write_checkpoint
 from peer.roles.closers import Closers
 from peer.roles.intake import Accepted, Intake
@@ -130,6 +131,7 @@ class LearnerPeer:
         self.train_cpu = 0.0  # CPU seconds this thread spent computing updates (gradient and AdamW step)
         self.busy = 0.0  # training CPU seconds / wall seconds, over the recent versions (status shows it)
         self.used = 0  # groups this learner's updates used
+        self._announced_at = 0.0  # monotonic time of this learner's latest announcement (for re-announcements)
         self._consumption: deque[tuple[float, int, float]] = deque()  # (time, groups consumed, s waited)
         self._since_version = time.perf_counter()  # when the previous version was made (busy fraction per version)
         self.staleness: list[int] = []
@@ -310,6 +312,7 @@ class LearnerPeer:
                 with self._phase("wait"):
                     self.fetcher.wake()  # too few groups: read the buckets now, and wait for what comes
                     self._read(timeout=c.poll_interval)
+                    self._redemand()
                 continue
             with self._phase("update"):
                 self._update(chosen)
@@ -473,9 +476,21 @@ class LearnerPeer:
         if self.team.leader is None:  # leading: announced once the helpers hold it (none: at once)
             gate = lambda v=s.version: self.team.lead.holds(v)  # noqa: E731
         self.announcer.submit(s.version, blob, parent, metrics, gate, self.demand() if gate is not None else None)
+        self._announced_at = time.monotonic()
         self.beat()
         if c.checkpoint_dir and self.made % c.checkpoint_every == 0:
             self.checkpoint()
+
+    def _redemand(self) -> None:
+        """Waiting for groups without making a version: every ``REDEMAND_EVERY`` s announce the held version again
+        with a fresh demand, so rollout peers know this learner is alive and still wants groups."""
+        now = time.monotonic()
+        if now - self._announced_at < REDEMAND_EVERY or self.team.leader is not None:
+            return
+        demand = self.demand()
+        if demand is not None and self.session.version > 0:
+            self._announced_at = now
+            self.announcer.submit(self.session.version, self.session.blob, self.parent_sha, None, None, demand)
 
     def demand(self) -> Demand | None:
         """What this learner would consume if it never waited, for its announcement (rollout peers pace to it):

@@ -37,7 +37,7 @@ from peer.model.adapter import AdapterError
 from peer.model.sampling import Completions, encode_prompts, sample_groups
 from peer.network.swarm import NetworkConfig
 from peer.protocol import Completion, GroupRecord, encode_tokens, key_fingerprint
-from peer.roles.adapters import AdapterFollower
+from peer.roles.adapters import REDEMAND_EVERY, AdapterFollower
 from peer.roles.closers import Closers
 from peer.roles.memory import (
     CPU_BATCH_CAP,
@@ -231,7 +231,8 @@ class _Backlog:
                 logger.warning("could not count the bucket of v%d: %s", self.version, e)
 
 
-DEMAND_FRESH_FACTOR, DEMAND_FRESH_SLACK = 3.0, 5.0  # a demand older than 3 version intervals + 5 s is not followed
+DEMAND_FRESH_FACTOR, DEMAND_FRESH_SLACK = 3.0, 1.0  # a demand older than 3 version intervals + 1 s is not followed
+OWN_PER_VERSION = 4  # while paced, at most this many updates' worth of its own groups per version (or --max-inflight)
 POOL_TARGET = 2  # updates' worth of groups the pacing keeps waiting in a learner's pool: one for the next update,
 # one so that a late batch of one producer does not hold it up (the per-peer cap makes it wait for each producer)
 
@@ -351,6 +352,7 @@ class RolloutPeer:
         self.store = self.publisher.store
         self.backlog = _Backlog(self.store, c.poll_interval, near=self.max_inflight // 2)
         self.pacer = Pacer(POOL_TARGET * spec.groups_per_version)
+        self.own_bound = max(self.max_inflight, OWN_PER_VERSION * spec.groups_per_version)
         self._closers.add(self.backlog.stop)
         self.heartbeat.update(
             state="running", adapter_version=self.version, stats={"batch_size": float(self.batch_size)}
@@ -507,8 +509,8 @@ class RolloutPeer:
             self.backlog.active = not paced  # the bucket is counted only while it decides
             if paced:
                 delay = self.pacer.wait(demand, time.perf_counter())
-                own = self.backlog.enqueued_in(self.version, self.version)  # never more than max_inflight of its
-                if delay <= 0 and own < self.max_inflight:  # own per version: the learners may have stopped
+                own = self.backlog.enqueued_in(self.version, self.version)  # a bound on its own per version:
+                if delay <= 0 and own < self.own_bound:  # the learners may have stopped since their last word
                     return
                 step = min(delay, 0.5) if delay > 0 else 0.5  # the demand may change: look again every 0.5 s
             else:
@@ -529,10 +531,11 @@ class RolloutPeer:
                 return
 
     def _demand_is_fresh(self, demand) -> bool:
-        """Whether the newest version came recently enough for its demand to hold: within 3 times the interval
-        between versions the demand implies, plus 5 s. A learner that stopped (or waits for groups without making
-        versions) announces nothing new; its last demand must not keep throttling the peer."""
-        interval = self.spec.groups_per_version / demand.groups_per_second
+        """Whether the newest version (or the learner's re-announcement of it, every ``REDEMAND_EVERY`` s while it
+        waits for groups) came recently enough for its demand to hold: within 3 times the interval between versions
+        the demand implies (at least ``REDEMAND_EVERY``), plus 1 s. A learner that stopped announces nothing new;
+        its last demand must not keep the peer making groups nobody will use."""
+        interval = max(self.spec.groups_per_version / demand.groups_per_second, REDEMAND_EVERY)
         seen = getattr(self.follower, "demand_seen", 0.0)
         return time.monotonic() - seen <= DEMAND_FRESH_FACTOR * interval + DEMAND_FRESH_SLACK
 
