@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,23 @@ def test_corrupt_and_truncated_copies_are_refused_and_nothing_corrupt_is_loaded(
         return found is not None and found.version >= 3 and found.announcers == 3
 
     wait_until(mirrored, "a version announced by the learner and both mirrors", 120, [learner, honest])
-    learner.send_signal(signal.SIGTERM)
-    assert json.loads(learner.communicate(timeout=90)[0].strip().splitlines()[-1])["versions_made"] >= 3
+    # the learner's last version must reach the mirrors before it leaves (once it is gone, they could only fetch
+    # it from each other, corrupt): no new groups, so no new versions, then it stops
+    honest.send_signal(signal.SIGSTOP)
+    try:
+        quiet = [len(read_ledger(ledger)), time.time()]
+
+        def settled() -> bool:
+            made = len(read_ledger(ledger))
+            if made != quiet[0]:
+                quiet[:] = [made, time.time()]
+            return time.time() - quiet[1] >= 3.0 and mirrored()
+
+        wait_until(settled, "the learner's last version announced by both mirrors", 60, [learner])
+        learner.send_signal(signal.SIGTERM)
+        assert json.loads(learner.communicate(timeout=90)[0].strip().splitlines()[-1])["versions_made"] >= 3
+    finally:
+        honest.send_signal(signal.SIGCONT)
     wait_until(mirrored, "the newest version still announced by all three", 30)
 
     # a new peer joins: its base model and adapter must come through the corrupt providers
