@@ -51,7 +51,6 @@ def sample_run(groups_per_signer: dict[bytes, int] = GROUPS_PER_SIGNER) -> Simpl
     s = spec.sampling
     groups = {}
     flat: dict[tuple[bytes, int], GroupRecord] = {}
-    built_flat = lambda owner, seq: flat[(owner, seq)]  # noqa: E731
     for owner, n in groups_per_signer.items():
         made: dict[int, GroupRecord] = {}
         for attempt in range(1, 9):  # a group whose rewards are all equal is dropped by the intake (no signal):
@@ -75,7 +74,7 @@ def sample_run(groups_per_signer: dict[bytes, int] = GROUPS_PER_SIGNER) -> Simpl
             made.update({g.seq: g for g in built if max(g.rewards) > min(g.rewards)})
             flat.update({(owner, g.seq): g for g in built if max(g.rewards) == min(g.rewards)})
         for seq in [seq for seq in range(n) if seq not in made]:  # never scored apart: one completion answers
-            made[seq] = _with_the_answer(model, base.tokenizer, spec, built_flat(owner, seq), owner)
+            made[seq] = _with_the_answer(model, base.tokenizer, spec, flat[(owner, seq)], owner)
         groups[owner] = [made[seq] for seq in range(n)]
     return SimpleNamespace(spec=spec, model=model, tokenizer=base.tokenizer, vocab=len(base.tokenizer), groups=groups)
 

@@ -7,8 +7,9 @@ import json
 
 from rich.console import Console
 
-from peer.protocol import ManifestRecord, ModelFile, ModelSpec, PeerRecord, TaskSpec, key_fingerprint
+from peer.protocol import PeerRecord, key_fingerprint
 from peer.status import SILENT_AFTER, render, summarize
+from tests.test_status_units import manifest
 
 NOW = 1_000_000.0
 NAMES = ("host", "lead", "helper", "solo", "r1")
@@ -32,24 +33,6 @@ def beat(name: str, role: str, *, stats=None, seen: float = 1.0, state: str = "r
         stats=stats or {},
     )
     return KEYS[name], record
-
-
-def manifest() -> ManifestRecord:
-    grpo = {"sampling": {"group_size": 8}, "staleness": {"tau_max": 4}, "groups_per_version": 16}
-    return ManifestRecord(
-        run_id="run-s",
-        created=NOW - 200,
-        access="public",
-        seed=0,
-        model=ModelSpec(
-            name="bundled", revision=None, quantization="nf4", files=[ModelFile(path="m", sha256="d" * 64, size=1)]
-        ),
-        task=TaskSpec(name="addition", config_json="{}"),
-        grpo_json=json.dumps(grpo),
-        lora_json="{}",
-        adapter0_sha256="a" * 64,
-        coordinator="QmHost",
-    )
 
 
 def status(*peers) -> dict:

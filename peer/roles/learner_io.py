@@ -59,9 +59,9 @@ class Fetcher:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.poll()
-            self._wake.wait(self.interval)
-            self._wake.clear()
-            self._stop.wait(self.MIN_GAP)
+            if self._wake.wait(self.interval):  # woken by a waiting learner: read again, but not at once
+                self._wake.clear()
+                self._stop.wait(self.MIN_GAP)
 
     def poll(self) -> None:
         """One read: the newest versions, the whole window every ``FULL_EVERY``-th time, the versions leaving."""
