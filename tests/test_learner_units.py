@@ -3,6 +3,7 @@ pool bound), packing groups into the loss's tensors, one update, and checkpoints
 the bundled model, so every check runs against honest data first."""
 
 import hashlib
+import json
 import random
 from types import SimpleNamespace
 
@@ -278,18 +279,23 @@ def test_an_update_without_signal_changes_nothing(setup):
 
 
 def test_checkpoints_round_trip_and_refuse_a_corrupt_one(tmp_path):
-    adapter = b"adapter bytes"
+    from peer.model.config import LoRAConfig
+    from peer.model.peft_folder import blob_from_tensors, read_adapter
+
+    adapter = blob_from_tensors({"base_model.model.l.lora_A.weight": torch.ones(2, 3)}, LoRAConfig(r=2))
     meta = {"run_id": "r", "version": 3, "sha256": hashlib.sha256(adapter).hexdigest(), "parent_sha256": "p"}
     state = {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 2e-3, "params": [0]}]}
     directory = tmp_path / "ck"
-    write_checkpoint(directory, meta, adapter, state)
-    write_checkpoint(directory, {**meta, "version": 4}, adapter, state)  # replaces the previous one whole
+    write_checkpoint(directory, meta, adapter, state, "some/model")
+    write_checkpoint(directory, {**meta, "version": 4}, adapter, state, "some/model")  # replaces it whole
     got_meta, got_adapter, got_state = read_checkpoint(directory)
     assert got_meta["version"] == 4 and got_adapter == adapter
     assert torch.equal(got_state["state"][0]["step"], torch.tensor(3.0))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
     assert read_checkpoint(tmp_path / "none") is None
-    (directory / "adapter.safetensors").write_bytes(b"flipped")
+    assert read_adapter(directory) == (adapter, LoRAConfig(r=2)), "a checkpoint is a PEFT folder of its adapter"
+    assert json.loads((directory / "adapter_config.json").read_text())["base_model_name_or_path"] == "some/model"
+    (directory / "adapter_model.safetensors").write_bytes(b"flipped")
     with pytest.raises(UserError, match="unreadable"):
         read_checkpoint(directory)
 

@@ -4,7 +4,7 @@ The clock starts before the first process does, so the reported seconds include 
 ``eval_every`` seconds the observer evaluates the newest adapter it holds (a version it has not evaluated yet);
 the demo stops when an evaluation reaches ``target``, at ``duration``, or at ^C. The final adapter is the one of
 the last evaluation (at the time limit or ^C, the newest version, evaluated again if it is newer; at the target,
-the version that reached it), written to ``adapter.safetensors``
+the version that reached it), written to ``adapter/`` (a PEFT folder)
 so ``hivegrpo eval --adapter`` can check ``final_exact_match`` independently.
 """
 
@@ -22,6 +22,7 @@ from peer.demo.report import live_table, plot, read_ledger, status_line
 from peer.demo.swarm import LocalSwarm
 from peer.errors import UserError
 from peer.log import get_logger
+from peer.model.peft_folder import base_model_name, write_peft_folder
 
 logger = get_logger(__name__)
 
@@ -131,7 +132,8 @@ def run_demo(config: DemoConfig, live: bool | None = None) -> dict:
                 if observer.version != evaluations[-1]["version"]:
                     evaluations.append(_evaluate(observer, config.eval_n, t0))
             # stopped at the target: the version that reached it is the result (a newer one may score less)
-            (report_dir / "adapter.safetensors").write_bytes(observer.session.blob)
+            base = base_model_name(observer.session.spec.manifest.model.name)
+            write_peft_folder(report_dir / "adapter", observer.session.blob, base)
         finally:
             if observer is not None:
                 observer.close()
@@ -149,7 +151,7 @@ def run_demo(config: DemoConfig, live: bool | None = None) -> dict:
         "stopped_by": reason,
         "target": config.target,
         "report_dir": str(report_dir),
-        "adapter": str(report_dir / "adapter.safetensors"),
+        "adapter": str(report_dir / "adapter"),
         "evaluations": evaluations,
         "updates": read_ledger(ledger, started_wall),
         "rollout_throughput": throughput,

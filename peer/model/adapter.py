@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
-from pathlib import Path
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
@@ -51,6 +50,17 @@ def attach_lora(model, config: LoRAConfig) -> PeftModel:
     for name, param in peft_model.named_parameters():
         param.requires_grad_("lora_" in name)
     return peft_model
+
+
+def attach_lora_for(model, config: LoRAConfig, source) -> PeftModel:
+    """:func:`attach_lora` for an adapter a user brought (``source`` names it): AdapterError when its target modules
+    are not in this model, instead of peft's ValueError."""
+    try:
+        return attach_lora(model, config)
+    except ValueError as e:
+        raise AdapterError(
+            f"the adapter {source} does not fit this model ({e}); pass the model it was trained on (--model)"
+        ) from None
 
 
 def initialize_lora(model: PeftModel, seed: int) -> None:
@@ -133,8 +143,8 @@ def blob_lora_config(blob: bytes) -> LoRAConfig:
         return LoRAConfig.from_dict(json.loads(header["__metadata__"][METADATA_KEY]))
     except (ValueError, KeyError, TypeError) as e:
         raise AdapterError(
-            f"adapter file carries no readable LoRA configuration ({e}); save it with hivegrpo or pass a peft "
-            "adapter directory"
+            f"adapter file carries no readable LoRA configuration ({e}); pass the PEFT adapter folder it came "
+            "from instead"
         ) from e
 
 
@@ -172,13 +182,3 @@ def load_adapter_bytes(model: PeftModel, blob: bytes, expected_sha256: str | Non
         for key, param in _slots(model):
             param.copy_(tensors[key])
     return sha256_hex(blob)
-
-
-def read_adapter_file(path: str | Path) -> bytes:
-    """Bytes of an adapter file, or of ``adapter_model.safetensors`` inside a peft adapter directory."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / ADAPTER_FILE
-    if not path.is_file():
-        raise AdapterError(f"no adapter file at {path}: pass a .safetensors file or a peft adapter directory")
-    return path.read_bytes()

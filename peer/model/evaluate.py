@@ -71,15 +71,18 @@ def evaluate_model(
     max_new_tokens: int,
     prompt: PromptConfig = PromptConfig(),
 ) -> dict:
-    """Load the base (and an adapter file), score it on ``task``; the dict ``hivegrpo eval --json`` prints."""
-    from peer.model.adapter import attach_lora, blob_lora_config, load_adapter_bytes, read_adapter_file
+    """Load the base (and an adapter: a PEFT folder or a blob file), score it on ``task``; the dict ``hivegrpo eval
+    --json`` prints."""
+    from peer.model.adapter import attach_lora_for, load_adapter_bytes
     from peer.model.loading import load_base
+    from peer.model.peft_folder import read_adapter
 
+    adapter = read_adapter(adapter_path) if adapter_path is not None else None  # before the model: fail fast
     base = load_base(model_config)
     model, adapter_sha = base.model, None
-    if adapter_path is not None:
-        blob = read_adapter_file(adapter_path)
-        model = attach_lora(model, blob_lora_config(blob))
+    if adapter is not None:
+        blob, lora = adapter
+        model = attach_lora_for(model, lora, adapter_path)
         adapter_sha = load_adapter_bytes(model, blob)
         model.requires_grad_(False)
     result = exact_match(model, base.tokenizer, task, n=n, seed=seed, max_new_tokens=max_new_tokens, prompt=prompt)

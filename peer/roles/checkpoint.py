@@ -1,9 +1,14 @@
-"""Learner checkpoints: ``DIR/{checkpoint.json, adapter.safetensors, optimizer.pt}``, written atomically, and the
-journal ``DIR/journal.jsonl`` of the versions made since.
+"""Learner checkpoints: ``DIR/{checkpoint.json, adapter_model.safetensors, adapter_config.json, optimizer.pt}``,
+written atomically, and the journal ``DIR/journal.jsonl`` of the versions made since.
+
+A checkpoint folder is also a PEFT folder (:mod:`peer.model.peft_folder`): ``PeftModel.from_pretrained(base, DIR)``,
+``hivegrpo eval --adapter DIR`` and ``hivegrpo export --adapter DIR`` read its adapter as they are. Checkpoints of
+older versions (``adapter.safetensors``, no config) are still read.
 
 A checkpoint is written every few versions (it holds the AdamW state, too large to write every update). The
 journal fills the gap: one short line per version made or applied — its number, sha256, parent and the intake's
-delta (the seqs its update used, new bans) — appended before the version is announced. A learner killed between
+delta (the seqs its update used, new bans), and the contributors' credit that changed since the line before
+(``credit``, :mod:`peer.roles.credit`) — appended before the version is announced. A learner killed between
 two checkpoints resumes from the checkpoint plus the journal's chain of versions after it (their adapters are in
 its blob cache), so no version it announced is lost and no group is used twice. Writing a checkpoint starts an
 empty journal (the directory is replaced as a whole).
@@ -19,22 +24,23 @@ from pathlib import Path
 import torch
 
 from peer.errors import UserError
-from peer.model.adapter import sha256_hex
+from peer.model.adapter import ADAPTER_FILE, sha256_hex
+from peer.model.peft_folder import OLD_CHECKPOINT_FILE, write_peft_folder
 
 CHECKPOINT_META = "checkpoint.json"
 JOURNAL = "journal.jsonl"
 
 
-def write_checkpoint(directory: Path, meta: dict, adapter: bytes, optimizer_state: dict) -> None:
-    """Write ``directory/{checkpoint.json, adapter.safetensors, optimizer.pt}`` atomically (a crash mid-write
-    leaves the previous checkpoint whole)."""
+def write_checkpoint(directory: Path, meta: dict, adapter: bytes, optimizer_state: dict, base_model: str) -> None:
+    """Write ``directory`` (the PEFT folder of ``adapter``, a blob of a model on ``base_model``, with
+    ``checkpoint.json`` and ``optimizer.pt``) atomically: a crash mid-write leaves the previous checkpoint whole."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    (tmp / "adapter.safetensors").write_bytes(adapter)
+    write_peft_folder(tmp, adapter, base_model)
     torch.save(optimizer_state, tmp / "optimizer.pt")
     (tmp / CHECKPOINT_META).write_text(json.dumps(meta))
     old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
@@ -53,9 +59,12 @@ def read_checkpoint(directory: Path) -> tuple[dict, bytes, dict] | None:
         return None
     try:
         meta = json.loads((directory / CHECKPOINT_META).read_text())
-        blob = (directory / "adapter.safetensors").read_bytes()
+        adapter_file = directory / ADAPTER_FILE
+        if not adapter_file.exists():
+            adapter_file = directory / OLD_CHECKPOINT_FILE
+        blob = adapter_file.read_bytes()
         if sha256_hex(blob) != meta["sha256"]:
-            raise ValueError(f"adapter.safetensors hashes to {sha256_hex(blob)[:12]}…, not {meta['sha256'][:12]}…")
+            raise ValueError(f"{adapter_file.name} hashes to {sha256_hex(blob)[:12]}…, not {meta['sha256'][:12]}…")
         optimizer_state = torch.load(directory / "optimizer.pt", weights_only=True)
         int(meta["version"])
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
@@ -65,13 +74,20 @@ def read_checkpoint(directory: Path) -> tuple[dict, bytes, dict] | None:
     return meta, blob, optimizer_state
 
 
-def append_journal(directory: Path, version: int, sha: str, parent: str, intake_delta: dict) -> None:
-    """Add version ``version`` (``sha``, child of ``parent``, its update's intake delta) to the journal."""
+def append_journal(
+    directory: Path, version: int, sha: str, parent: str, intake_delta: dict, credit: dict | None = None
+) -> None:
+    """Add version ``version`` (``sha``, child of ``parent``, its update's intake delta) to the journal;
+    ``credit``: the contributors whose credit changed since the line before (:mod:`peer.roles.credit`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     line = {"version": version, "sha": sha, "parent": parent, "intake": intake_delta}
-    with open(directory / JOURNAL, "a") as f:  # flushed at close: a killed process loses no line the OS has
-        f.write(json.dumps(line, separators=(",", ":")) + "\n")
+    if credit is not None:
+        line["credit"] = credit
+    with open(directory / JOURNAL, "ab+") as f:  # flushed at close: a killed process loses no line the OS has
+        torn = f.seek(0, os.SEEK_END) > 0 and f.seek(-1, os.SEEK_END) >= 0 and f.read(1) != b"\n"
+        # a line a kill cut short ends without a newline: start on a fresh line, or this one would be lost with it
+        f.write((b"\n" if torn else b"") + json.dumps(line, separators=(",", ":")).encode() + b"\n")
 
 
 def journal_chain(directory: Path, version: int, sha: str) -> list[dict]:

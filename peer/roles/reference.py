@@ -157,8 +157,9 @@ def run_reference(config: ReferenceConfig) -> dict:
         curve.append(evaluate(step, trained, sum(rewards) / len(rewards) if rewards else None))
     blob = adapter_to_bytes(model)
     if config.save_adapter:
-        with open(config.save_adapter, "wb") as f:
-            f.write(blob)
+        from peer.model.peft_folder import base_model_name, write_peft_folder
+
+        write_peft_folder(config.save_adapter, blob, base_model_name(config.model.name))
     result = {
         "final_exact_match": curve[-1]["exact_match"],
         "steps": step,
