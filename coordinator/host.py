@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from coordinator.credit_state import CreditState
 from coordinator.invites import InviteBook
 from coordinator.manifest import RunSettings, build_manifest, model_folder
 from coordinator.web import StatusHistory, WebServer
@@ -73,6 +74,7 @@ class Host:
         self.book: InviteBook | None = None  # a private run's invites
         self.invite = None  # the invite printed in the join lines (private runs)
         self.learner_credential = None  # the credential printed in the learn line (peer.network.admission)
+        self.credit: CreditState | None = None  # the contributors table it last saw, kept across restarts
 
     def start(self) -> Host:
         from peer.network.blobs import BlobCache, BlobService
@@ -106,6 +108,7 @@ class Host:
         self._refresher = threading.Thread(target=self._refresh, name="manifest-refresh", daemon=True)
         self._refresher.start()
         self._closers.add(self._stop_refresher)
+        self.credit = CreditState(self.credit_file, s.run_id)
         self.history = StatusHistory(self._read_status, interval=c.status_interval).start()
         self._closers.add(self.history.stop)
         if c.web_port is not None:
@@ -137,6 +140,15 @@ class Host:
         """Beside ``--identity``: a host with a stable identity is the same coordinator when it restarts."""
         identity = self.config.network.identity_path
         return None if identity is None else Path(f"{identity}.{self.config.settings.run_id}.peers.json")
+
+    @property
+    def credit_file(self) -> Path:
+        """The contributors table the host keeps: beside ``--identity`` (as the known peers), else in the cache
+        folder under this coordinator's key fingerprint (a host without an identity is a new coordinator)."""
+        run_id, identity = self.config.settings.run_id, self.config.network.identity_path
+        if identity is not None:
+            return Path(f"{identity}.{run_id}.credit.json")
+        return self.config.cache_dir / "host" / f"{run_id}.{self.fingerprint}.credit.json"
 
     def _private_network(self) -> NetworkConfig:
         """A private run: the invite book beside ``--identity``, and this host's own invite for its DHT."""
@@ -228,7 +240,7 @@ class Host:
     def _read_status(self) -> dict:
         from peer.status import LIVE, read_status
 
-        status = read_status(self.swarm, self.fingerprint)
+        status = self.credit.update(read_status(self.swarm, self.fingerprint))
         me = str(self.swarm.peer_id)
         # a restart rejoins through these: only admitted learners (status lists no other learner), and only the
         # addresses that name their own peer id — a stranger's heartbeat cannot point the host at its own swarm

@@ -3,7 +3,8 @@
 Everything comes from the DHT, nothing from any one peer's word about the others: the heartbeats under
 ``{run}_peers`` (role, adapter version, throughput, last seen), the learners' :class:`~peer.protocol.MetricsRecord`
 under ``{run}_metrics`` (groups accepted / dropped / rejected, staleness, reward, bans, and per producer how many of
-its groups were used or refused), the adapter announcements, and the manifest. :func:`read_status` gathers them;
+its groups were used or refused), the learners' credit records under ``{run}_credit`` (per contributor over the
+whole run: :mod:`peer.roles.credit`), the adapter announcements, and the manifest. :func:`read_status` gathers them;
 :func:`summarize` (pure) turns them into one JSON-ready dict; :func:`render` draws it as rich tables.
 
 It imports no torch itself; ``hivegrpo status`` is a small DHT client (``client_mode``, serving nobody) that
@@ -17,11 +18,13 @@ from typing import Any
 
 from peer.protocol import (
     AdapterRecord,
+    CreditRecord,
     LearnerRecord,
     ManifestRecord,
     MetricsRecord,
     RecordError,
     adapter_key,
+    credit_key,
     from_dht_value,
     key_fingerprint,
     learners_key,
@@ -61,6 +64,7 @@ def read_status(swarm, coordinator: str | None = None) -> dict[str, Any]:
         _records(swarm, manifest_key(swarm.run_id), ManifestRecord),
         coordinator=coordinator,
         learners=_records(swarm, learners_key(swarm.run_id), LearnerRecord),
+        credits=_records(swarm, credit_key(swarm.run_id), CreditRecord),
     )
 
 
@@ -116,8 +120,9 @@ def _manifest(run_id: str, manifests, peers, coordinator: str | None) -> tuple[d
     }, []
 
 
-def _admitted_only(run_id, manifest, manifests, learners, peers, metrics, adapters, refused: dict):
-    """The heartbeats, metrics and announcements whose claims hold; what was refused goes into ``refused``."""
+def _admitted_only(run_id, manifest, manifests, learners, peers, metrics, adapters, refused: dict, credits=()):
+    """The heartbeats, metrics, announcements and credit records whose claims hold; what was refused goes into
+    ``refused``."""
     host = next((o for o, _ in manifests if manifest and key_fingerprint(o) == manifest["coordinator"]), None)
     admitted, why = _admitted(run_id, host, learners)
     refused.update(why)
@@ -135,7 +140,8 @@ def _admitted_only(run_id, manifest, manifests, learners, peers, metrics, adapte
         for o, a in adapters
         if (o == host and a.version == 0) or claims(o, "learner", a.learner, f"announced adapter v{a.version}")
     ]
-    return peers, metrics, adapters
+    credits = [(o, c) for o, c in credits if claims(o, "learner", c.learner, "publishes a credit record")]
+    return peers, metrics, adapters, credits
 
 
 def summarize(
@@ -148,19 +154,22 @@ def summarize(
     coordinator: str | None = None,
     now: float | None = None,
     learners: list[tuple[bytes, Any]] | None = None,
+    credits: list[tuple[bytes, CreditRecord]] | None = None,
 ) -> dict[str, Any]:
     """One JSON-ready dict of the swarm's state from its records (``(signing key, record)`` pairs).
 
     With ``learners`` (the ``{run}_learners`` records) only admitted learners' heartbeats, metrics and
-    announcements count, only the manifest's signer is the coordinator, and every other claim is listed under
-    ``refused``; without (unit tests of the other parts) every record counts.
+    announcements and credit records count, only the manifest's signer is the coordinator, and every other claim is
+    listed under ``refused``; without (unit tests of the other parts) every record counts. ``credits``: the learners'
+    credit records, merged by maximum into ``contributors`` (see :mod:`peer.roles.credit`).
     """
     now = time.time() if now is None else now
     manifest, problems = _manifest(run_id, manifests, peers, coordinator)
     refused: dict[str, str] = {}
+    credits = credits or []
     if learners is not None:
-        peers, metrics, adapters = _admitted_only(
-            run_id, manifest, manifests, learners, peers, metrics, adapters, refused
+        peers, metrics, adapters, credits = _admitted_only(
+            run_id, manifest, manifests, learners, peers, metrics, adapters, refused, credits
         )
     group_size = (manifest or {}).get("group_size")
     learned = sorted((m for _, m in metrics), key=lambda m: m.version)
@@ -187,6 +196,7 @@ def summarize(
             {
                 "peer_id": r.peer_id,
                 "fingerprint": fp,
+                "name": r.name,
                 "role": r.role,
                 "state": "silent" if silent else r.state,
                 "adapter_version": r.adapter_version,
@@ -251,7 +261,19 @@ def summarize(
         "reward_trend": None if trend is None else round(trend, 4),
         "refused": [{"fingerprint": fp, "why": why} for fp, why in sorted(refused.items())],
         **_leading_learner(rows),
+        **_contributors(peers, credits),
     }
+
+
+def _contributors(peers, credits: list[tuple[bytes, CreditRecord]]) -> dict[str, Any]:
+    """The learners' credit records merged by maximum, as rows (names from live heartbeats win: the newest)."""
+    from peer.roles.credit import contributor_rows, merged
+
+    table = merged([record for _, record in credits])
+    names = {key_fingerprint(owner): r.name for owner, r in peers if getattr(r, "name", None)}
+    rows = contributor_rows(table, names)
+    known = max([len(rows), *(record.contributors_known for _, record in credits)])
+    return {"contributors": rows, "contributors_known": known, "groups_used_total": table.groups_used}
 
 
 def _leading_learner(rows: list[dict]) -> dict[str, float | None]:
@@ -281,8 +303,9 @@ def _ago(seconds: float) -> str:
     return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
 
 
-def render(status: dict[str, Any]):
-    """The status as rich renderables (a header, the peers table, the learners table)."""
+def render(status: dict[str, Any], contributors: bool = False):
+    """The status as rich renderables (a header, the peers table, the learners table; ``contributors``: the
+    contributors' credit table too)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -323,7 +346,7 @@ def render(status: dict[str, Any]):
         state = "banned" if p["banned"] else p["state"]
         produces = p["role"] == "rollout"
         peers.add_row(
-            "…" + p["peer_id"][-8:],
+            Text(f"{p['name']} …{p['peer_id'][-6:]}" if p.get("name") else "…" + p["peer_id"][-8:]),
             p["role"] + (f" ({p['team']})" if p.get("team") else ""),
             Text(state, style="red" if p["banned"] else ("dim" if state not in LIVE else "")),
             str(p["adapter_version"]),
@@ -357,7 +380,50 @@ def render(status: dict[str, Any]):
         parts.append(
             Text("refused signers (every peer ignores them):\n  " + "\n  ".join(lines) + more, style="yellow")
         )
+    if contributors:
+        parts.append(contributors_table(status))
     return Group(*parts)
 
 
-__all__ = ["ROLES", "read_status", "render", "sparkline", "summarize"]
+SHOWN_CONTRIBUTORS = 50  # rows of the contributors table on a terminal (--json has them all)
+
+
+def _date(t: float) -> str:
+    """A record's time as a local date, or "-" for one no calendar holds (any finite float is a valid timestamp)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+    except (OverflowError, ValueError, OSError):
+        return "-"
+
+
+def contributors_table(status: dict[str, Any]):
+    """The contributors' credit over the whole run (``status["contributors"]``), most groups used first."""
+    from rich.table import Table
+    from rich.text import Text
+
+    rows = status.get("contributors", [])
+    known = status.get("contributors_known", len(rows))
+    title = f"contributors ({known})" if known > len(rows) else "contributors"
+    table = Table(title=title, title_justify="left")
+    for name in ("name", "fingerprint", "used", "refused", "stale", "no signal", "share", "since"):
+        table.add_column(name, justify="left" if name in ("name", "fingerprint", "refused", "since") else "right")
+    for c in rows[:SHOWN_CONTRIBUTORS]:
+        reasons = ", ".join(f"{r} {n}" for r, n in c["reasons"].items())
+        table.add_row(
+            Text(c["name"] or "-"),  # a Text: a name is shown as written, never read as rich markup
+            c["fingerprint"][:8],
+            str(c["used"]),
+            f"{c['refused']}" + (f" ({reasons})" if reasons else ""),
+            str(c["stale"]),
+            str(c["no_signal"]),
+            f"{c['share']:.1%}",
+            _date(c["since"]),
+        )
+    if not rows:
+        table.add_row(Text("no learner has published a credit record yet", style="dim"), *[""] * 7)
+    elif len(rows) > SHOWN_CONTRIBUTORS:
+        table.caption = f"… and {len(rows) - SHOWN_CONTRIBUTORS} more (--json lists them all)"
+    return table
+
+
+__all__ = ["ROLES", "contributors_table", "read_status", "render", "sparkline", "summarize"]

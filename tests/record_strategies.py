@@ -32,6 +32,9 @@ from peer.protocol.limits import (
     MAX_BANNED,
     MAX_BLOB_BYTES,
     MAX_COMPLETION_TOKENS,
+    MAX_CREDIT,
+    MAX_CREDIT_REASONS,
+    MAX_CREDITED,
     MAX_DHT_VALUE_BYTES,
     MAX_GROUP_BATCH_BYTES,
     MAX_GROUP_SIZE,
@@ -45,6 +48,7 @@ from peer.protocol.limits import (
     MAX_NAME_CHARS,
     MAX_PATH_CHARS,
     MAX_PEER_ID_CHARS,
+    MAX_PEER_NAME_CHARS,
     MAX_PROMPT_TOKENS,
     MAX_PROVIDERS,
     MAX_REASONS,
@@ -59,6 +63,8 @@ from peer.protocol.records import (
     BlobPointer,
     BucketEntry,
     Completion,
+    Credit,
+    CreditRecord,
     GroupRecord,
     ManifestRecord,
     MetricsRecord,
@@ -70,6 +76,7 @@ from peer.protocol.records import (
     encode_floats,
     encode_tokens,
     fits_inline,
+    peer_name_problem,
 )
 from peer.protocol.version import PROTOCOL_VERSION
 
@@ -122,6 +129,9 @@ fractions = st.floats(min_value=0.0, max_value=1.0)
 finite_floats = st.floats(allow_nan=False, allow_infinity=False)
 counts = st.integers(0, MAX_INT)
 short_names = st.text(min_size=1, max_size=64)
+peer_names = st.text(min_size=1, max_size=MAX_PEER_NAME_CHARS).filter(lambda n: peer_name_problem(n) is None)
+reasons = st.from_regex(r"[a-z][a-z_]{0,15}", fullmatch=True)
+credit_counts = st.integers(0, MAX_CREDIT)
 names = st.text(min_size=1, max_size=MAX_NAME_CHARS)
 RUN_ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
 run_ids = st.text(RUN_ID_CHARS, min_size=1, max_size=MAX_RUN_ID_LEN)
@@ -200,6 +210,7 @@ def heartbeats(draw) -> PeerRecord:
         last_seen=last_seen,
         state=draw(st.sampled_from(["starting", "running", "leaving"])),
         stats={distinct_name(name, i): value for i, (name, value) in enumerate(stats)},
+        name=draw(st.none() | peer_names),
     )
 
 
@@ -300,6 +311,38 @@ def metrics(draw) -> MetricsRecord:
         banned=draw(sized(fingerprints, MAX_BANNED)),
         per_peer={distinct_hex(fp, i): PeerTally(accepted=a, rejected=r) for i, (fp, a, r) in enumerate(tallies)},
         reward_history=draw(sized(fractions, MAX_HISTORY)),
+        created=draw(timestamps),
+    )
+
+
+@st.composite
+def credit_entries(draw) -> Credit:
+    listed = draw(
+        st.dictionaries(reasons, st.integers(0, MAX_CREDIT // MAX_CREDIT_REASONS), max_size=MAX_CREDIT_REASONS)
+    )
+    refused = draw(st.integers(sum(listed.values()), MAX_CREDIT))
+    return Credit(
+        name=draw(st.none() | peer_names),
+        used=draw(credit_counts),
+        refused=refused,
+        reasons=listed,
+        stale=draw(credit_counts),
+        no_signal=draw(credit_counts),
+        since=draw(timestamps),
+    )
+
+
+@st.composite
+def credits(draw) -> CreditRecord:
+    entries = draw(sized(st.tuples(fingerprints, credit_entries()), MAX_CREDITED))
+    contributors = {distinct_hex(fp, i): credit for i, (fp, credit) in enumerate(entries)}
+    used = sum(c.used for c in contributors.values())
+    return CreditRecord(
+        learner=draw(peer_ids),
+        version=draw(counts),
+        groups_used=draw(st.integers(used, MAX_INT)),
+        contributors_known=draw(st.integers(len(contributors), MAX_INT)),
+        contributors=contributors,
         created=draw(timestamps),
     )
 
@@ -560,6 +603,7 @@ PEER = Kind(
         "state": _set(("state",), lambda _: st.sampled_from(["dead", "Running", ""])),
         "too many stats": _grow(("stats",), MAX_STATS, lambda _s, i: float(i)),
         "stat name": lambda d, draw: d["stats"].update({draw(bad_string(64)): 1.0}) or True,
+        "name": _set(("name",), lambda _: bad_peer_names()),
     },
     oversize=lambda d, draw: d.update(hardware="x" * OVER),
 )
@@ -792,7 +836,112 @@ ACCESS = Kind(
     oversize=lambda d, draw: d.update(revoked=[f"{i:016x}" for i in range(OVER // 16)]),
 )
 
-KINDS = {kind.name: kind for kind in (MANIFEST, PEER, ADAPTER, INLINE, POINTER, METRICS, ACCESS)}
+
+def bad_peer_names() -> st.SearchStrategy[str]:
+    """Names a peer must not show: empty, too long, only spaces, or with a control or format character."""
+    controls = st.sampled_from(["\x1b[2J", "\n", "\x00", "\u202e", "\u200b", "\x7f"])
+    inside = st.tuples(st.text(max_size=8), controls, st.text(max_size=8)).map("".join)
+    return bad_string(MAX_PEER_NAME_CHARS) | st.sampled_from([" ", "   "]) | inside
+
+
+def _credit_entry(i: int) -> dict:
+    return {"name": None, "used": 1, "refused": 0, "reasons": {}, "stale": 0, "no_signal": 0, "since": 1.0}
+
+
+def _a_contributor(d, draw) -> dict | None:
+    return d["contributors"][draw(st.sampled_from(sorted(d["contributors"])))] if d["contributors"] else None
+
+
+def _contributor_field(field: str, strategy_of: Callable[[Any], st.SearchStrategy]) -> Callable:
+    def mutate(d, draw):
+        entry = _a_contributor(d, draw)
+        if entry is None:
+            return False
+        entry[field] = draw(strategy_of(entry[field]))
+        return True
+
+    return mutate
+
+
+def _more_contributors(d, draw):
+    n = MAX_CREDITED + draw(st.integers(1, 3))
+    d["contributors"] = {f"{i:016x}": _credit_entry(i) for i in range(n)}
+    d.update(groups_used=n, contributors_known=n)
+    return True
+
+
+def _more_reasons(d, draw):
+    entry = _a_contributor(d, draw)
+    if entry is None:
+        return False
+    n = MAX_CREDIT_REASONS + draw(st.integers(1, 3))
+    entry.update(reasons={f"r{chr(97 + i)}": 1 for i in range(n)}, refused=n)
+    return True
+
+
+def _reasons_over_refused(d, draw):
+    entry = _a_contributor(d, draw)
+    if entry is None or entry["refused"] >= MAX_CREDIT:
+        return False
+    entry["reasons"] = {"reward": entry["refused"] + 1}
+    return True
+
+
+def _used_over_total(d, draw):
+    used = sum(c["used"] for c in d["contributors"].values())
+    if used == 0:
+        return False
+    d["groups_used"] = draw(st.integers(0, used - 1))
+    return True
+
+
+def _known_below_listed(d, draw):
+    if not d["contributors"]:
+        return False
+    d["contributors_known"] = draw(st.integers(0, len(d["contributors"]) - 1))
+    return True
+
+
+def _bad_credit_count(_old) -> st.SearchStrategy[int]:
+    return st.integers(-(2**63), -1) | st.integers(MAX_CREDIT + 1, 2**64 - 1)
+
+
+CREDIT = Kind(
+    name="credit",
+    cls=CreditRecord,
+    valid=credits(),
+    **_single(keys.CREDIT_FIELD),
+    out_of_range={
+        "learner": _set(("learner",), bad_peer_ids),
+        "a count": lambda d, draw: _set(
+            (draw(st.sampled_from(["version", "groups_used", "contributors_known"])),), lambda _: bad_counts()
+        )(d, draw),
+        "too many contributors": _more_contributors,
+        "contributor fingerprint": lambda d, draw: (
+            d["contributors"].update({draw(bad_hex("0" * 16)): _credit_entry(0)}) or True
+        ),
+        "contributor count": lambda d, draw: _contributor_field(
+            draw(st.sampled_from(["used", "refused", "stale", "no_signal"])), _bad_credit_count
+        )(d, draw),
+        "contributor name": _contributor_field("name", lambda _: bad_peer_names()),
+        "negative since": _contributor_field("since", lambda _: negative_floats()),
+        "too many reasons": _more_reasons,
+        "reason name": lambda d, draw: _contributor_field(
+            "reasons", lambda _: st.sampled_from(["", "Reward", "1x", "_x", "a" * 17, "re ward"]).map(lambda r: {r: 0})
+        )(d, draw),
+        "reasons over refused": _reasons_over_refused,
+        "used over groups_used": _used_over_total,
+        "known below listed": _known_below_listed,
+        "negative created": _set(("created",), lambda _: negative_floats()),
+    },
+    oversize=lambda d, draw: d.update(
+        contributors={f"{i:016x}": _credit_entry(i) for i in range(OVER // 70)},
+        groups_used=OVER,
+        contributors_known=OVER,
+    ),
+)
+
+KINDS = {kind.name: kind for kind in (MANIFEST, PEER, ADAPTER, INLINE, POINTER, METRICS, ACCESS, CREDIT)}
 
 
 # ---------------------------------------------------------------------------------------------------- value edits

@@ -1,19 +1,26 @@
 """The coordinator in real processes: `hivegrpo host` (with its web page) + `join` + `learn`, `hivegrpo status`,
-the host killed with SIGKILL mid-run (the swarm keeps going) and restarted with the same identity (it rejoins)."""
+the host killed with SIGKILL mid-run (the swarm keeps going) and restarted with the same identity (it rejoins).
+
+The same run checks the contributors' credit (peer.roles.credit): the rollout peer's --name and its groups used
+in status, the page and the join's progress line; a stranger's forged credit record ignored; credit that survives
+the host's restart (its state file) and the learner's SIGKILL (its journal), no count ever going down."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 import warnings
 from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import join_args, learn_args, start_host, status, wait_until
+from tests.swarm_helpers import LOOPBACK, fingerprint, join_args, learn_args, start_host, status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -71,6 +78,7 @@ def render_page(url: str, tmp_path: Path) -> None:
     assert lines.get("version-chart/adapter version", 0) >= 2, lines
     assert lines.get("reward-chart/exact match (host's evaluation)", 0) >= 2, lines
     assert "rollout" in dom and "learner" in dom, "the peers table lists the swarm"
+    assert '<tr class="contributor"><td>alice-laptop</td>' in dom, "the contributors table names the rollout peer"
 
     artifacts = Path(os.environ.get("HIVEGRPO_TEST_ARTIFACTS", tmp_path))
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -90,15 +98,36 @@ def render_page(url: str, tmp_path: Path) -> None:
     assert blue >= 80, f"the screenshot's reward chart shows {blue} pixels of the reward line"
 
 
-@pytest.mark.timeout(420)
-def test_status_web_page_and_a_swarm_that_outlives_its_coordinator(tmp_path, procs):
+def api_status(web: str) -> dict | None:
+    """The host's ``/api/status``, or None while it has no reading yet (503)."""
+    try:
+        return json.loads(get(web + "api/status"))
+    except urllib.error.HTTPError as e:
+        if e.code == 503:
+            return None
+        raise
+
+
+def credit_of(s: dict | None, fp: str) -> dict | None:
+    """The contributor ``fp``'s row of a status' contributors table."""
+    return next((c for c in (s or {}).get("contributors", []) if c["fingerprint"] == fp), None)
+
+
+@pytest.mark.timeout(480)
+def test_status_web_page_and_a_swarm_that_outlives_its_coordinator(tmp_path, procs, reader):
     identity = tmp_path / "host.id"
     args = ("--identity", str(identity), "--web-port", "0", "--groups-per-version", "4", "--eval-every", "4")
     args += ("--eval-n", "40")
     host, info = start_host(procs, tmp_path, "coord1", *args, new_session=True)
     host_id = info["initial_peers"][0].rsplit("/p2p/", 1)[1]
-    rollout = procs.start("rollout", "join", *join_args(info), "--cache-dir", str(tmp_path / "r"), "--batch-size", "4")
-    learner = procs.start("learner", "learn", *learn_args(info), "--cache-dir", str(tmp_path / "l"))
+    named = ("--name", "alice-laptop", "--identity", str(tmp_path / "r.id"))
+    rollout = procs.start(
+        "rollout", "join", *join_args(info), "--cache-dir", str(tmp_path / "r"), "--batch-size", "4", *named
+    )
+    alice = fingerprint(tmp_path / "r.id")
+    learn = ["--cache-dir", str(tmp_path / "l"), "--identity", str(tmp_path / "l.id"), "--json"]
+    learn += ["--checkpoint-dir", str(tmp_path / "l.ckpt"), "--checkpoint-every", "1000"]  # all in the journal
+    learner = procs.start("learner", "learn", *learn_args(info), *learn, new_session=True)
     running = [host, rollout, learner]
 
     # status lists all three with their roles, and the adapter version rises between two readings
@@ -124,6 +153,8 @@ def test_status_web_page_and_a_swarm_that_outlives_its_coordinator(tmp_path, pro
         "surplus", 0
     ), second["groups_rejected_by_reason"]
     assert roles["rollout"][0]["accepted"] > 0 and second["banned"] == []
+    assert roles["rollout"][0]["name"] == "alice-laptop", "the --name in the heartbeat"
+    assert [p["state"] for p in second["peers"]] == ["running"] * 3, "a learner making versions is running too"
 
     # the web page: JSON API, Prometheus, and the page itself rendered in a browser
     web = info["web"]
@@ -140,12 +171,20 @@ def test_status_web_page_and_a_swarm_that_outlives_its_coordinator(tmp_path, pro
     assert all(0 <= e["exact_match"] <= 1 for e in history["evaluations"])
     api = json.loads(get(web + "api/status"))
     assert api["run_id"] == "coord1" and api["adapter_version"] >= first["adapter_version"]
+    credited = wait_until(
+        lambda: (c := credit_of(api_status(web), alice)) and c["used"] > 0 and c,
+        "the page's contributors",
+        60,
+        running,
+    )
+    assert credited["name"] == "alice-laptop" and credited["share"] == 1.0 and credited["since"] <= time.time()
     metrics = get(web + "metrics").decode()
-    assert 'hivegrpo_peers{run="coord1",role="rollout"} 1' in metrics and "hivegrpo_adapter_version" in metrics
+    assert 'hivegrpo_peers{role="rollout",run="coord1"} 1.0' in metrics and "hivegrpo_adapter_version" in metrics
     render_page(web, tmp_path)
 
     # SIGKILL of the coordinator with its DHT process and libp2p daemon: rollout peer and learner keep going
     others = [m for p in second["peers"] if p["role"] != "coordinator" for m in p["maddrs"]]
+    seen_by_host = credit_of(api_status(web), alice)  # the host's last reading (saved before it was shown)
     procs.kill_group(host)
     killed_at = status("coord1", others)
     v_killed, used_killed = killed_at["adapter_version"], by_role(killed_at)["rollout"][0]["accepted"]
@@ -162,6 +201,10 @@ def test_status_web_page_and_a_swarm_that_outlives_its_coordinator(tmp_path, pro
     host2, info2 = start_host(procs, tmp_path, "coord1", *args, name="host2")
     assert info2["coordinator"] == info["coordinator"] and info2["initial_peers"][0].endswith(host_id)
     assert "rejoined the swarm through" in procs.log(host2)
+    # its first reading shows the contributors it kept (identity.run.credit.json), counts no lower than before
+    at_once = wait_until(lambda: api_status(info2["web"]), "the restarted host's first reading", 30, [host2])
+    assert credit_of(at_once, alice)["used"] >= seen_by_host["used"], at_once["contributors"]
+    assert "showing the credit of 1 contributor(s) kept in" in procs.log(host2)
 
     def rejoined():
         s = status("coord1", others)
@@ -177,9 +220,101 @@ def test_status_web_page_and_a_swarm_that_outlives_its_coordinator(tmp_path, pro
     )
     assert mine["roles"]["rollout"] == 1 and mine["adapter_version"] > v_killed
 
-    for p in (rollout, learner, host2):
+    # the learner killed with SIGKILL between checkpoints and restarted from its journal (while it starts: a
+    # stranger's credit record, and `status --contributors`): no contributor's count goes down, and they grow again
+    from peer.protocol import Credit, CreditRecord, credit_key, key_fingerprint, owner_subkey, to_dht_value
+    from peer.roles.credit import read_credits
+    from peer.status import read_status
+
+    swarm, _ = reader("coord1", [*info2["initial_peers"], *others])
+    learner_key = fingerprint(tmp_path / "l.id")
+
+    def learners_own():
+        records = [r for signer, r in read_credits(swarm) if key_fingerprint(signer) == learner_key]
+        return records[0] if records else None
+
+    before = wait_until(learners_own, "the learner's credit record", 30)
+    procs.kill_group(learner)
+    learner2 = procs.start("learner2", "learn", *learn_args(info2), *learn, new_session=True)  # through host2
+
+    # a stranger publishes a credit record giving itself and the rollout peer a billion groups: ignored
+    billion = Credit(name="mallory", used=10**9, refused=0, reasons={}, stale=0, no_signal=0, since=1.0)
+    forged = CreditRecord(
+        learner=str(swarm.peer_id),
+        version=0,
+        groups_used=2 * 10**9,
+        contributors_known=2,
+        contributors={alice: billion, "00000000deadbeef": billion},
+        created=time.time(),
+    )
+    key, me = credit_key("coord1"), owner_subkey(swarm.public_key)
+    assert swarm.store(key, me, to_dht_value(forged), time.time() + 300, "forged credit")
+    stranger = key_fingerprint(swarm.public_key)
+    seen = wait_until(
+        lambda: (
+            (s := read_status(swarm, info["coordinator"]))
+            and any(r["fingerprint"] == stranger for r in s["refused"])
+            and s
+        ),
+        "status naming the stranger's credit record",
+        60,
+    )
+    assert [c["fingerprint"] for c in seen["contributors"]] == [alice], seen["contributors"]
+    assert before.contributors[alice].used <= credit_of(seen, alice)["used"] < 10**9
+    assert len(read_credits(swarm)) >= 2, "the forged record is in the DHT (it is well-formed): readers ignore it"
+
+    # `status --contributors` names the rollout peer by its --name
+    peers = [a for m in info2["initial_peers"] for a in ("--initial-peers", m)]
+    out = subprocess.run(
+        [sys.executable, "-m", "peer.cli", "status", "--run-id", "coord1", *peers, *LOOPBACK, "--contributors"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if "alice-laptop" in line and alice[:8] in line]
+    assert len(rows) == 1 and "100.0%" in rows[0], out.stdout  # its row of the contributors table
+
+    grown = wait_until(
+        lambda: (
+            (r := learners_own())
+            and r.created > before.created
+            and r.contributors[alice].used > before.contributors[alice].used
+            and r
+        ),
+        "the restarted learner's credit growing again",
+        150,
+        [learner2, rollout],
+    )
+    for fp, credit in before.contributors.items():
+        after = grown.contributors[fp]
+        assert after.used >= credit.used and after.refused >= credit.refused and after.since <= credit.since, fp
+    assert "00000000deadbeef" not in grown.contributors and grown.contributors[alice].used < 10**9
+    host_view = wait_until(
+        lambda: (
+            (c := credit_of(api_status(info2["web"]), alice)) and c["used"] >= grown.contributors[alice].used and c
+        ),
+        "the host's page with the restarted learner's credit",
+        60,
+    )
+    assert host_view["name"] == "alice-laptop"
+
+    for p in (rollout, learner2, host2):
         p.send_signal(signal.SIGTERM)
     deadline = time.time() + 90
-    for p in (rollout, learner, host2):
-        p.communicate(timeout=max(1, deadline - time.time()))
+    outputs = {}
+    for p in (rollout, learner2, host2):
+        outputs[p.pid] = p.communicate(timeout=max(1, deadline - time.time()))[0]
         assert p.returncode == 0, procs.log(p)[-3000:]
+    resumed = json.loads(outputs[learner2.pid].strip().splitlines()[-1])
+    assert resumed["resumed_from"].startswith("journal") and resumed["credit"]["published"] >= 1, resumed
+
+    # the volunteer's progress line (plain: its stderr is a file), every ~10 s; adapter swaps only at DEBUG
+    log = procs.log(rollout)
+    lines = re.findall(
+        r"progress: v(\d+) · ([\d.]+) groups/s · made (\d+) · used (\d+) \(\d+%\) · refused (\d+).* · lag ([\d.]+)",
+        log,
+    )
+    assert len(lines) >= 3 and any(int(used) > 0 for _, _, _, used, _, _ in lines), log[-3000:]
+    assert "now sampling with adapter" not in log

@@ -9,7 +9,10 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
+from peer.model.config import LoRAConfig
+from peer.model.peft_folder import blob_from_tensors
 from peer.roles import team
 from peer.roles.checkpoint import JOURNAL, append_journal, journal_chain, write_checkpoint
 
@@ -37,15 +40,19 @@ def test_the_journal_chains_the_versions_after_a_checkpoint_and_skips_what_is_no
     assert [line["version"] for line in journal_chain(d, 2, sha("v2"))] == [3], "from a checkpoint at v2"
     assert journal_chain(d, 2, sha("fork")) == [], "nothing follows the other lineage's v2"
     assert journal_chain(tmp_path / "none", 0, sha("v0")) == []
+    # the learner restarted after that kill goes on: its next line starts on a line of its own, not after the torn one
+    append_journal(d, 4, sha("v4"), sha("v3"), {"used": {}, "banned": {}})
+    assert [line["version"] for line in journal_chain(d, 0, sha("v0"))] == [1, 2, 3, 4]
 
 
 def test_a_checkpoint_starts_an_empty_journal(tmp_path):
     d = tmp_path / "ckpt"
     append_journal(d, 1, sha("v1"), sha("v0"), {"used": {}, "banned": {}})
     state = {"state": {}, "param_groups": []}
-    write_checkpoint(d, {"run_id": "r", "version": 1, "sha256": hashlib.sha256(b"x").hexdigest()}, b"x", state)
+    blob = blob_from_tensors({"base_model.model.l.lora_A.weight": torch.ones(2, 3)}, LoRAConfig(r=2))
+    write_checkpoint(d, {"run_id": "r", "version": 1, "sha256": hashlib.sha256(blob).hexdigest()}, blob, state, "m")
     assert not (d / JOURNAL).exists()
-    append_journal(d, 2, sha("v2"), hashlib.sha256(b"x").hexdigest(), {"used": {}, "banned": {}})
+    append_journal(d, 2, sha("v2"), hashlib.sha256(blob).hexdigest(), {"used": {}, "banned": {}})
     assert [json.loads(line)["version"] for line in (d / JOURNAL).read_text().splitlines()] == [2]
 
 

@@ -50,6 +50,7 @@ from peer.protocol.records import (
     AdapterRecord,
     BlobPointer,
     BucketEntry,
+    CreditRecord,
     GroupBatch,
     GroupRecord,
     ManifestRecord,
@@ -101,6 +102,7 @@ READ_CLASSES = (
     AdapterRecord,
     MetricsRecord,
     AccessRecord,
+    CreditRecord,
     BucketEntry,
     GroupRecord,
     GroupBatch,
@@ -112,6 +114,7 @@ FIELD_CLASSES = {
     keys.ADAPTER_FIELD: AdapterRecord,
     keys.METRICS_FIELD: MetricsRecord,
     keys.ACCESS_FIELD: AccessRecord,
+    keys.CREDIT_FIELD: CreditRecord,
     **{keys.bucket_field(slot): BucketEntry for slot in range(BUCKET_RING)},
 }
 
@@ -274,6 +277,7 @@ def proper(field: str) -> tuple[dict, bytes]:
         keys.ADAPTER_FIELD: tp.adapter(),
         keys.METRICS_FIELD: tp.metrics(),
         keys.ACCESS_FIELD: access,
+        keys.CREDIT_FIELD: tp.RECORDS["credit"](),
     }[field]
     return to_dht_value(made), keys.owner_subkey(PUB_A)
 

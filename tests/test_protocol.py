@@ -32,6 +32,8 @@ from peer.protocol.records import (
     BlobPointer,
     BucketEntry,
     Completion,
+    Credit,
+    CreditRecord,
     GroupRecord,
     ManifestRecord,
     MetricsRecord,
@@ -165,6 +167,7 @@ def metrics(**fields) -> MetricsRecord:
 RECORDS = {
     "manifest": manifest,
     "heartbeat": heartbeat,
+    "named heartbeat": lambda: heartbeat(name="alice's laptop"),
     "adapter": adapter,
     "group": group,
     "pointer": pointer,
@@ -172,6 +175,19 @@ RECORDS = {
     "entry_pointer": lambda: BucketEntry.of_pointer(pointer(), version=9, seq=0),
     "metrics": metrics,
     "metrics_with_em": lambda: metrics(exact_match=0.75),
+    "credit": lambda: CreditRecord(
+        learner=PEER_A,
+        version=12,
+        groups_used=50,
+        contributors_known=3,
+        contributors={
+            "0123456789abcdef": Credit(
+                name="alice", used=40, refused=3, reasons={"surplus": 3}, stale=2, no_signal=9, since=5.0
+            ),
+            "fedcba9876543210": Credit(name=None, used=10, refused=0, reasons={}, stale=0, no_signal=0, since=6.0),
+        },
+        created=9.0,
+    ),
 }
 
 
@@ -185,9 +201,10 @@ def test_key_builders_spell_every_key_once():
     assert keys.metrics_key("run-1") == "run-1_metrics"
     assert keys.access_key("run-1") == "run-1_access"
     assert keys.learners_key("run-1") == "run-1_learners"
+    assert keys.credit_key("run-1") == "run-1_credit"
     assert keys.bucket_key("run-1", 0) == "run-1_bucket_0"
     all_keys = [keys.field_key("r", name) for name in keys.schema_fields()]
-    assert len(set(all_keys)) == len(all_keys) == 6 + BUCKET_RING
+    assert len(set(all_keys)) == len(all_keys) == 7 + BUCKET_RING
 
 
 def test_bucket_ring_wraps_every_bucket_ring_versions():

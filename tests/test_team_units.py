@@ -431,7 +431,9 @@ def _helper(run, optimizer):
         pad_id=lambda: run.tokenizer.pad_token_id,
         bans_recorded=0,
         parent_sha="",
+        credit_merges=[],
     )
+    peer.merge_credit = lambda: peer.credit_merges.append(session.version)
     tw = Teamwork(peer)
     tw.me, tw.lead = HELPER, team.Lead(HELPER)
     tw.follow(LEADER)
@@ -467,6 +469,7 @@ def test_a_helper_keeps_the_leaders_used_seqs_reports_its_bans_and_forgets_them_
         assert advanced == [{"used": {X.hex(): [[5, 0]]}, "banned": {}}], "the journal holds no ban of the leader's"
         tw.lead = team.Lead(HELPER)
         tw.take_lead("the leader is gone")
+        assert tw.peer.credit_merges == [1], "taking the team over, it merges the learners' credit records"
         assert tw.leader_bans == {} and X not in intake.banned, "leading, it judges X by what it verifies itself"
         assert intake.banned == {Y: "replay: its own ban"}, "its own bans persist"
     finally:

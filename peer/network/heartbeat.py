@@ -39,6 +39,7 @@ class Heartbeat:
         ttl: float = HEARTBEAT_TTL,
         hardware: str | None = None,
         reachable: bool | None = None,
+        name: str | None = None,
     ):
         self.swarm = swarm
         self.interval = interval
@@ -57,6 +58,7 @@ class Heartbeat:
             last_seen=now,
             state="starting",
             stats={},
+            name=name,  # the volunteer's --name (a PeerName: 1-32 printable characters), or None
         )
         self.also: list = []  # callables run after every beat (e.g. a learner re-storing its admission)
         self._stop = threading.Event()
@@ -70,6 +72,11 @@ class Heartbeat:
     def update(self, **fields) -> None:
         with self._lock:
             self._fields.update(fields)
+
+    def fields(self) -> dict:
+        """A copy of what the next beat says (throughput, stats, ...), e.g. for a metrics scrape."""
+        with self._lock:
+            return dict(self._fields)
 
     def beat(self) -> bool:
         with self._lock:

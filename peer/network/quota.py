@@ -33,6 +33,7 @@ from peer.protocol.keys import (
     ACCESS_FIELD,
     ADAPTER_FIELD,
     BUCKET_FIELD_PREFIX,
+    CREDIT_FIELD,
     GROUP_SUBKEY_RE,
     LEARNERS_FIELD,
     MANIFEST_FIELD,
@@ -51,6 +52,7 @@ MAX_TTL = {  # s: the longest life a writer of each key gives a record (the key 
     METRICS_FIELD: 600.0,
     PEERS_FIELD: 60.0,
     LEARNERS_FIELD: 300.0,
+    CREDIT_FIELD: 600.0,  # a learner re-stores its credit record every minute at least (peer.roles.credit)
     BUCKET_FIELD_PREFIX: 600.0,
 }
 MAX_KEY_BYTES = 2 << 20  # values + subkeys under one key on one node: half of p2pd's 4 MiB message

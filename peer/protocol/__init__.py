@@ -3,7 +3,7 @@
 * :mod:`~peer.protocol.keys` — key and subkey builders (``{run}_manifest``, ``{run}_bucket_{v % 64}``, owner
   subkeys) and their parsers; the only place a key is spelled.
 * :mod:`~peer.protocol.records` — the record schemas (manifest, heartbeat, adapter, group, blob pointer, bucket
-  entry, metrics) as strict pydantic v1 models, and :func:`pack` / :func:`unpack` / :func:`to_dht_value`.
+  entry, metrics, credit) as strict pydantic v1 models, and :func:`pack` / :func:`unpack` / :func:`to_dht_value`.
 * :mod:`~peer.protocol.limits` — every size limit, and :func:`check_value_size`, called before ``DHT.store``.
 * :mod:`~peer.protocol.version` — :data:`PROTOCOL_VERSION` and the rule for records of other versions.
 * :mod:`~peer.protocol.codec` — token ids and log-probs as little-endian 4-byte arrays.
@@ -28,6 +28,7 @@ from peer.protocol.keys import (
     bucket_key,
     bucket_slot,
     check_run_id,
+    credit_key,
     group_subkey,
     key_fingerprint,
     learners_key,
@@ -59,6 +60,8 @@ from peer.protocol.records import (
     BlobPointer,
     BucketEntry,
     Completion,
+    Credit,
+    CreditRecord,
     Demand,
     GroupBatch,
     GroupRecord,
@@ -67,6 +70,7 @@ from peer.protocol.records import (
     MetricsRecord,
     ModelFile,
     ModelSpec,
+    PeerName,
     PeerRecord,
     PeerTally,
     TaskSpec,
@@ -77,6 +81,7 @@ from peer.protocol.records import (
     fits_inline,
     from_dht_value,
     pack,
+    peer_name_problem,
     split_batches,
     to_dht_value,
     unpack,
@@ -103,6 +108,8 @@ __all__ = [
     "BlobPointer",
     "BucketEntry",
     "Completion",
+    "Credit",
+    "CreditRecord",
     "GroupBatch",
     "GroupRecord",
     "KeyFormatError",
@@ -112,6 +119,7 @@ __all__ = [
     "ModelFile",
     "ModelSpec",
     "PeerRecord",
+    "PeerName",
     "PeerTally",
     "ProtocolVersionError",
     "RecordError",
@@ -124,6 +132,7 @@ __all__ = [
     "check_protocol_version",
     "check_run_id",
     "check_value_size",
+    "credit_key",
     "decode_floats",
     "decode_tokens",
     "encode_floats",
@@ -140,6 +149,7 @@ __all__ = [
     "split_batches",
     "parse_group_subkey",
     "parse_owner_subkey",
+    "peer_name_problem",
     "peers_key",
     "to_dht_value",
     "unpack",

@@ -13,6 +13,7 @@ key                    subkey                                      value
 ``R_metrics``          :func:`owner_subkey` of each learner        ``MetricsRecord``
 ``R_access``           :func:`owner_subkey` of the coordinator     ``AccessRecord`` (private runs)
 ``R_learners``         :func:`owner_subkey` of each learner        ``LearnerRecord`` (its admission)
+``R_credit``           :func:`owner_subkey` of each learner        ``CreditRecord`` (credit per contributor)
 ``R_bucket_<slot>``    :func:`group_subkey` (owner, version, seq)  ``BucketEntry``
 =====================  ==========================================  ============================
 
@@ -52,6 +53,7 @@ ADAPTER_FIELD = "adapter"
 METRICS_FIELD = "metrics"
 ACCESS_FIELD = "access"
 LEARNERS_FIELD = "learners"
+CREDIT_FIELD = "credit"
 BUCKET_FIELD_PREFIX = "bucket_"
 
 OWNER_PREFIX = b"[owner:"
@@ -89,9 +91,15 @@ def bucket_field(slot: int) -> str:
 
 def schema_fields() -> tuple[str, ...]:
     """Every field name of the run schema, in key-table order; key ``R_<field>`` exists for each."""
-    return (MANIFEST_FIELD, PEERS_FIELD, ADAPTER_FIELD, METRICS_FIELD, ACCESS_FIELD, LEARNERS_FIELD) + tuple(
-        bucket_field(slot) for slot in range(BUCKET_RING)
-    )
+    return (
+        MANIFEST_FIELD,
+        PEERS_FIELD,
+        ADAPTER_FIELD,
+        METRICS_FIELD,
+        ACCESS_FIELD,
+        LEARNERS_FIELD,
+        CREDIT_FIELD,
+    ) + tuple(bucket_field(slot) for slot in range(BUCKET_RING))
 
 
 def field_key(run_id: str, field: str) -> str:
@@ -127,6 +135,12 @@ def access_key(run_id: str) -> str:
 def learners_key(run_id: str) -> str:
     """Key of the learners' admissions (the coordinator's certificate bound to each learner), one owner subkey each."""
     return field_key(run_id, LEARNERS_FIELD)
+
+
+def credit_key(run_id: str) -> str:
+    """Key of the learners' credit tables (groups used and refused per contributor over the run), one owner subkey
+    per learner."""
+    return field_key(run_id, CREDIT_FIELD)
 
 
 def bucket_slot(version: int) -> int:

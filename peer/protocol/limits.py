@@ -30,6 +30,11 @@ process through a non-blocking pipe, and a value over about 64 KB kills that pro
   :data:`MAX_REASONS`, :data:`MAX_BANNED`, :data:`MAX_TALLIED`, :data:`MAX_HISTORY`, :data:`MAX_REVOKED`,
   :data:`MAX_CERTIFICATE_BYTES` — fields of the heartbeat, metrics, access, learner and other small records.
 * :data:`MAX_OWNER_KEY_BYTES` — the serialized RSA public key in an owner subkey (a 2048-bit key takes ~380).
+* :data:`MAX_PEER_NAME_CHARS` — a volunteer's ``--name`` (heartbeat, credit record).
+* :data:`MAX_CREDITED`, :data:`MAX_CREDIT_REASONS`, :data:`MAX_CREDIT` — a learner's credit record: the contributors
+  it lists (its top by groups used), the refusal reasons listed per contributor (the largest), and the cap of every
+  count in it. At every bound a contributor packs to ~400 bytes, so a record stays under ~41 KB, below
+  :data:`MAX_DHT_VALUE_BYTES` (docs/protocol.md, "Credit").
 * :data:`MAX_INT` — every integer fits a signed 64-bit msgpack int.
 """
 
@@ -69,6 +74,10 @@ MAX_REVOKED = 1024  # invite ids a private run's revocation list holds
 MAX_ANCESTORS = 16  # sha256 of the versions before an announced one, newest first (a follower checks descent)
 MAX_CERTIFICATE_BYTES = 1024  # a learner's certificate from the coordinator (payload + RSA signature: ~400)
 MAX_OWNER_KEY_BYTES = 1024
+MAX_PEER_NAME_CHARS = 32  # a volunteer's --name
+MAX_CREDITED = 100  # contributors one credit record lists (the learner's top 100 by groups used)
+MAX_CREDIT_REASONS = 8  # refusal reasons listed per contributor in a credit record (its largest)
+MAX_CREDIT = 2**32 - 1  # every count of a credit record saturates here (a uint32: 5 bytes packed)
 MAX_INT = 2**63 - 1
 
 

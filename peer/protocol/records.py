@@ -37,6 +37,9 @@ from peer.protocol.limits import (
     MAX_BLOB_BYTES,
     MAX_CERTIFICATE_BYTES,
     MAX_COMPLETION_TOKENS,
+    MAX_CREDIT,
+    MAX_CREDIT_REASONS,
+    MAX_CREDITED,
     MAX_GROUP_BATCH_BYTES,
     MAX_GROUP_BYTES,
     MAX_GROUP_SIZE,
@@ -51,6 +54,7 @@ from peer.protocol.limits import (
     MAX_NAME_CHARS,
     MAX_PATH_CHARS,
     MAX_PEER_ID_CHARS,
+    MAX_PEER_NAME_CHARS,
     MAX_PROMPT_TOKENS,
     MAX_PROVIDERS,
     MAX_REASONS,
@@ -68,6 +72,8 @@ __all__ = [
     "BlobPointer",
     "BucketEntry",
     "Completion",
+    "Credit",
+    "CreditRecord",
     "GroupBatch",
     "GroupRecord",
     "LearnerRecord",
@@ -75,6 +81,7 @@ __all__ = [
     "MetricsRecord",
     "ModelFile",
     "ModelSpec",
+    "PeerName",
     "PeerRecord",
     "PeerTally",
     "TaskSpec",
@@ -83,6 +90,7 @@ __all__ = [
     "encode_floats",
     "encode_tokens",
     "fits_inline",
+    "peer_name_problem",
     "split_batches",
     "from_dht_value",
     "pack",
@@ -132,6 +140,45 @@ class JsonObject(pydantic.ConstrainedStr):
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed in protocol JSON")
+
+
+def peer_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot be a peer's name (``--name``), in one sentence, or None when it can.
+
+    A name is 1-32 printable characters (``str.isprintable``: no control characters such as newlines or terminal
+    escapes, no invisible format characters such as right-to-left overrides), not only spaces. Others show it in
+    status tables and the host's page, so it must not be able to redraw a terminal or disguise itself.
+    """
+    if not isinstance(name, str):
+        return f"a name must be text, got {type(name).__name__}"
+    if not 1 <= len(name) <= MAX_PEER_NAME_CHARS:
+        return f"a name has 1 to {MAX_PEER_NAME_CHARS} characters, got {len(name)}"
+    if not name.isprintable():
+        bad = next(char for char in name if not char.isprintable())
+        return f"a name must be printable characters only, got {bad!r} (control and format characters are refused)"
+    if not name.strip():
+        return "a name must not be only spaces"
+    return None
+
+
+class PeerName(pydantic.ConstrainedStr):
+    """A peer's display name (``--name``): see :func:`peer_name_problem`."""
+
+    strict = True
+    min_length = 1
+    max_length = MAX_PEER_NAME_CHARS
+
+    @classmethod
+    def __get_validators__(cls):
+        yield from super().__get_validators__()
+        yield cls._displayable
+
+    @classmethod
+    def _displayable(cls, value: str) -> str:
+        problem = peer_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class _Model(pydantic.BaseModel):
@@ -250,6 +297,7 @@ class PeerRecord(_Record):
     last_seen: Timestamp
     state: Literal["starting", "running", "leaving"]
     stats: dict[ShortName, Finite]
+    name: PeerName | None = None  # the volunteer's --name (protocol 5); None: it gave none
 
     _stats_bounded = pydantic.validator("stats", allow_reuse=True)(lambda v: _check_bounded_dict(v, MAX_STATS))
 
@@ -560,3 +608,70 @@ class MetricsRecord(_Record):
     _reasons_bounded = pydantic.validator("groups_rejected", allow_reuse=True)(
         lambda v: _check_bounded_dict(v, MAX_REASONS)
     )
+
+
+# ---------------------------------------------------------------------------------------------------- credit
+
+
+CreditCount = pydantic.conint(strict=True, ge=0, le=MAX_CREDIT)
+Reason = pydantic.constr(strict=True, regex=r"[a-z][a-z_]{0,15}\Z")  # a refusal reason of the intake
+
+
+class Credit(_Model):
+    """One contributor's credit over the whole run, as one learner counts it (see :class:`CreditRecord`).
+
+    ``used``: its groups that went into an update; ``refused``: its groups the intake refused, all reasons together,
+    and ``reasons`` the largest of them by name (at most ``MAX_CREDIT_REASONS``, so they may add up to less);
+    ``stale``: its groups too old to use when read or while they waited; ``no_signal``: verified groups whose rewards
+    were all equal (nothing to learn from them); ``since``: when the learners first counted one of its groups;
+    ``name``: its latest ``--name`` the learner saw in its heartbeat.
+    """
+
+    name: PeerName | None = pydantic.Field(...)
+    used: CreditCount
+    refused: CreditCount
+    reasons: dict[Reason, CreditCount]
+    stale: CreditCount
+    no_signal: CreditCount
+    since: Timestamp
+
+    _reasons_bounded = pydantic.validator("reasons", allow_reuse=True)(
+        lambda v: _check_bounded_dict(v, MAX_CREDIT_REASONS)
+    )
+
+    @pydantic.root_validator(skip_on_failure=True)
+    def _reasons_within_refused(cls, values: dict[str, Any]) -> dict[str, Any]:
+        listed = sum(values["reasons"].values())
+        if listed > values["refused"]:
+            raise ValueError(f"the reasons add up to {listed}, more than the {values['refused']} groups refused")
+        return values
+
+
+class CreditRecord(_Record):
+    """A learner's credit table: per contributor (the key fingerprint that signs its groups), what the run did with
+    its groups over the whole run — its top ``MAX_CREDITED`` by groups used. Counts only grow (a learner keeps them
+    in its checkpoint and journal, and merges the admitted learners' records by maximum when it starts or takes a
+    team over); readers take records of admitted learners only. ``groups_used`` counts every contributor's, the
+    ones not listed too; ``contributors_known`` how many the learner counts (it lists at most ``MAX_CREDITED``).
+    """
+
+    learner: PeerId
+    version: Count
+    groups_used: Count
+    contributors_known: Count
+    contributors: dict[Fingerprint, Credit]
+    created: Timestamp
+
+    _contributors_bounded = pydantic.validator("contributors", allow_reuse=True)(
+        lambda v: _check_bounded_dict(v, MAX_CREDITED)
+    )
+
+    @pydantic.root_validator(skip_on_failure=True)
+    def _totals(cls, values: dict[str, Any]) -> dict[str, Any]:
+        contributors = values["contributors"]
+        used = sum(c.used for c in contributors.values())
+        if used > values["groups_used"]:
+            raise ValueError(f"its contributors used {used} groups, more than its groups_used {values['groups_used']}")
+        if len(contributors) > values["contributors_known"]:
+            raise ValueError(f"it lists {len(contributors)} contributors but knows {values['contributors_known']}")
+        return values

@@ -14,7 +14,7 @@
 
 On top of the schemas, bucket slots check that an entry's version maps to the slot (``version % BUCKET_RING``) and
 that the subkey's ``<version>.<seq>`` equals the entry's. Single-entry keys (manifest, peers, adapter, metrics,
-access, learners) take exactly ``[owner:KEY]`` as subkey. A value stored without a subkey under a run key is
+access, learners, credit) take exactly ``[owner:KEY]`` as subkey. A value stored without a subkey under a run key is
 refused too.
 
 What the validators cannot check, readers must: that a heartbeat's ``peer_id`` is the signer's (the DHT's RSA key
@@ -42,6 +42,7 @@ from peer.protocol.keys import (
     ACCESS_FIELD,
     ADAPTER_FIELD,
     BUCKET_FIELD_PREFIX,
+    CREDIT_FIELD,
     LEARNERS_FIELD,
     MANIFEST_FIELD,
     METRICS_FIELD,
@@ -56,6 +57,7 @@ from peer.protocol.records import (
     AccessRecord,
     AdapterRecord,
     BucketEntry,
+    CreditRecord,
     LearnerRecord,
     ManifestRecord,
     MetricsRecord,
@@ -142,6 +144,7 @@ RunSchema = pydantic.create_model(
         METRICS_FIELD: (dict[OwnerSubkey, MetricsRecord] | None, None),
         ACCESS_FIELD: (dict[OwnerSubkey, AccessRecord] | None, None),
         LEARNERS_FIELD: (dict[OwnerSubkey, LearnerRecord] | None, None),
+        CREDIT_FIELD: (dict[OwnerSubkey, CreditRecord] | None, None),
         **{name: (dict[GroupSubkey, BucketEntry] | None, None) for name in _BUCKET_FIELDS},
     },
 )

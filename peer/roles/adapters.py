@@ -316,7 +316,7 @@ class AdapterFollower:
             return
         if self.latest_seen is None or self.latest_seen.version < found.version:
             self.latest_seen = found
-            logger.info(
+            logger.debug(  # once per version: a rollout peer's progress line says which it holds
                 "adapter version %d announced (%s…, %d announcer(s))",
                 found.version,
                 found.sha256[:12],

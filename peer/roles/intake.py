@@ -42,6 +42,9 @@ memory.
 ``barrier`` (a benchmark knob, docs/benchmarks.md) makes :meth:`Intake.take` a synchronous barrier's: an update
 waits until every contributor has ``ceil(n / contributors)`` groups sampled with the learner's current version, and
 takes exactly that many of each (the baseline the asynchronous intake is measured against).
+
+With ``credit`` set (a :class:`~peer.roles.credit.CreditTable`), every refusal (by reason, ``duplicate`` aside),
+stale group and group without signal is also counted for its signer, over the whole run: the contributors' credit.
 """
 
 from __future__ import annotations
@@ -123,6 +126,7 @@ class Intake:
         self.strikes: Counter = Counter()  # signer -> STRIKES refusals since its last verified group
         self._forgotten_at = 0  # the learner's version at the last forget()
         self.recent_signal: deque[bool] = deque(maxlen=RECENT_SIGNAL)  # of the latest verified groups: signal?
+        self.credit = None  # a peer.roles.credit.CreditTable: what happened to each signer's groups, over the run
 
     # --- reading ---------------------------------------------------------------------------------------------------
 
@@ -158,6 +162,7 @@ class Intake:
         self.seqs[owner][group.seq] = group.version
         if stale:
             self.counts["dropped_stale"] += 1
+            self._credit(owner, "stale")
             return "stale"
         if group.version not in self.known:
             return self._refuse(owner, Refused("unknown_version", f"adapter v{group.version} is not in this lineage"))
@@ -172,6 +177,7 @@ class Intake:
         self.recent_signal.append(signal)
         if not signal:  # all rewards equal (and recomputed): no advantage, nothing to learn; never takes a slot
             self.counts["no_signal"] += 1
+            self._credit(owner, "no_signal")
             return "no_signal"
         accepted = Accepted(owner, group)
         if self.check_rate and self.rng.random() < self.check_rate:
@@ -212,9 +218,10 @@ class Intake:
 
     def drop_stale(self, version: int) -> None:
         oldest = version - self.spec.staleness.tau_max
-        for groups in self.pool.values():
+        for owner, groups in self.pool.items():
             kept = [a for a in groups if a.group.version >= oldest]
             self.counts["dropped_stale"] += len(groups) - len(kept)
+            self._credit(owner, "stale", len(groups) - len(kept))
             groups[:] = kept
         if version >= self._forgotten_at + FORGET_EVERY:
             self._forgotten_at = version
@@ -308,9 +315,14 @@ class Intake:
 
     # --- internals -------------------------------------------------------------------------------------------------
 
+    def _credit(self, owner: bytes, what: str, n: int = 1) -> None:
+        if self.credit is not None and n > 0:
+            self.credit.count(key_fingerprint(owner), what, n)
+
     def _refuse(self, owner: bytes, refused: Refused) -> Refused:
         self.rejected[refused.reason] += 1
         self.rejected_by[owner] += 1
+        self._credit(owner, refused.reason)
         if refused.reason not in FORGIVEN:
             self.ban(owner, str(refused))
         elif refused.reason in STRIKES:
@@ -328,6 +340,7 @@ class Intake:
             groups.sort(key=lambda a: (a.group.version, a.group.seq))
             self.rejected["surplus"] += len(groups) - bound
             self.rejected_by[accepted.owner] += len(groups) - bound
+            self._credit(accepted.owner, "surplus", len(groups) - bound)
             del groups[: len(groups) - bound]
         self.counts["admitted"] += 1
 

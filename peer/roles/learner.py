@@ -18,6 +18,9 @@ optimizer state, version, bans, the seqs updates used) are written every ``check
 Several learners on one run make one lineage (:mod:`peer.roles.teamwork`): the one that leads does all of the
 above, computing each update's gradient in shares with the others; they apply every step it makes and go on from
 it if it dies (docs/learner.md, "Several learners").
+
+Every learner also keeps the contributors' credit over the whole run (:mod:`peer.roles.credit`): in its checkpoints
+and journal, merged from the admitted learners' records at start and on a takeover, published every few seconds.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 from peer.errors import UserError
 from peer.log import get_logger
 from peer.model.adapter import adapter_to_bytes, lora_parameters, sha256_hex
+from peer.model.peft_folder import base_model_name
 from peer.network.swarm import NetworkConfig
 from peer.protocol import (
     Demand,
@@ -47,6 +51,8 @@ from peer.protocol.limits import MAX_HISTORY, MAX_TALLIED
 from peer.roles.adapters import REDEMAND_EVERY
 from peer.roles.checkpoint import append_journal, journal_chain, read_checkpoint, write_checkpoint
 from peer.roles.closers import Closers
+from peer.roles.credit import CreditPublisher, CreditTable, merge_admitted
+from peer.roles.credit import restore as restore_credit
 from peer.roles.intake import Accepted, Intake
 from peer.roles.learner_io import Announcer, Fetcher
 from peer.roles.session import Session, SessionConfig, default_cache_dir, open_session
@@ -93,6 +99,9 @@ class LearnerConfig:
     barrier: bool = False  # benchmark knob (docs/benchmarks.md): wait for every peer's share at each version
     micro_batch_tokens: int | None = None  # tokens per forward/backward (the same update); None: the whole batch
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
+    name: str | None = None  # this peer's --name in its heartbeat (status shows it)
+    metrics_port: int | None = None  # serve Prometheus metrics at http://metrics_host:PORT/metrics (0: any free port)
+    metrics_host: str = "127.0.0.1"  # the address the metrics are served on
 
     def __post_init__(self):
         if self.checkpoint_every < 1:
@@ -107,6 +116,8 @@ class LearnerConfig:
             raise ValueError(
                 f"micro_batch_tokens must be >= 1 (or None: the whole batch), got {self.micro_batch_tokens}"
             )
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in 0..65535 (0: any free port), got {self.metrics_port}")
 
     def session_config(self) -> SessionConfig:
         return SessionConfig.of(self)
@@ -145,6 +156,8 @@ class LearnerPeer:
         self.fetcher: Fetcher | None = None  # reads the buckets while this learner leads
         self.team = Teamwork(self)
         self.micro = MicroBatcher(config.micro_batch_tokens)  # halves (and keeps) its tokens when memory runs out
+        self.credit = CreditTable()  # per contributor over the run (peer.roles.credit); in checkpoints and journal
+        self.credit_publisher: CreditPublisher | None = None
 
     # --- start-up --------------------------------------------------------------------------------------------------
 
@@ -152,6 +165,10 @@ class LearnerPeer:
         from peer.network.buckets import FETCH_WORKERS, NETWORK_EVERY, DHTBucketStore
 
         c = self.config
+        if c.metrics_port is not None:  # first: a port in use fails before anything is loaded
+            from peer.metrics import LearnerCollector, serve_metrics
+
+            self._closers.add(serve_metrics(LearnerCollector(self), c.metrics_host, c.metrics_port).close)
         self.session = s = open_session(c.session_config(), "learner", self._closers)
         self.session.on_revoked.append(self.request_stop)
         spec = s.spec
@@ -167,7 +184,9 @@ class LearnerPeer:
         if c.gradient_checkpointing:
             enable_gradient_checkpointing(s.model)
         self.parent_sha = s.parent
+        self.intake.credit = self.credit
         self._resume()
+        self.merge_credit()  # before the intake counts anything: merging by maximum needs one history on each side
         self.bans_recorded = len(self.intake.banned)
         self.remember(s.version, s.sha)
         if self._checkpoint_after_start:
@@ -178,9 +197,12 @@ class LearnerPeer:
         self._closers.add(self.stop_fetcher)
         self.announcer = Announcer(s.swarm, s.blobs, lineage=lambda: self.intake.known)
         self._closers.add(self.announcer.close)
+        self.credit_publisher = CreditPublisher(s.swarm, self.credit, lambda: self.session.version).start()
+        self._closers.add(self.credit_publisher.close)
         if s.version > 0:  # what it resumed from is served and announced by this learner too
             self.announcer.submit(s.version, s.blob, self.parent_sha, None)
         self.team.start(self._closers)
+        s.heartbeat.update(state="running")  # status and the host's page show it running, not starting
         logger.info(
             "learner ready: adapter v%d (%s), %d groups per version, tau_max %d, weighting %s",
             s.version,
@@ -208,6 +230,7 @@ class LearnerPeer:
                     f"{c.checkpoint_dir} holds a checkpoint of run {meta['run_id']!r}, not {c.run_id!r}: pass another "
                     "--checkpoint-dir"
                 )
+        restore_credit(self.credit, meta, c.checkpoint_dir)  # the run's credit, whichever lineage continues
         chain = journal_chain(c.checkpoint_dir, meta["version"], meta["sha256"])
         while chain and not s.blobs.cache.has(chain[-1]["sha"]):
             chain.pop()
@@ -278,6 +301,15 @@ class LearnerPeer:
 
     # --- the loop --------------------------------------------------------------------------------------------------
 
+    def merge_credit(self) -> None:
+        """Merge the admitted learners' credit records into this learner's (by maximum: no count goes down): at
+        start, and when it takes its team over (peer.roles.credit)."""
+        s = self.session
+        try:
+            merge_admitted(self.credit, s.swarm, s.admitted)
+        except Exception as e:  # the network boundary: this learner's own counts stand; the next takeover merges
+            logger.warning("could not read the learners' credit records: %s", e)
+
     def request_stop(self) -> None:
         self.stop_event.set()
 
@@ -339,6 +371,11 @@ class LearnerPeer:
             "staleness_mean": round(sum(self.staleness) / len(self.staleness), 3) if self.staleness else 0.0,
             "staleness_max": max(self.staleness, default=0),
             "announce_failures": self.announcer.failures,
+            "credit": {
+                "contributors": len(self.credit),
+                "groups_used": self.credit.groups_used,
+                "published": self.credit_publisher.published if self.credit_publisher else 0,
+            },
             "resumed_from": self.resumed_from,
             "peer_id": str(s.swarm.peer_id),
             "team": self.team.summary(),
@@ -460,9 +497,10 @@ class LearnerPeer:
         """The model now holds the next version (made here or applied from the leader): journal, keep, announce,
         log it."""
         s, c = self.session, self.config
+        self.credit.count_used(intake_delta["used"])  # before the journal line: it carries the credit that changed
         if c.checkpoint_dir:  # before anyone can see the version (a helper's next request says it holds it): a
             s.blobs.cache.put_bytes(blob, sha256=sha)  # restart after a crash resumes from the journal and this blob
-            append_journal(c.checkpoint_dir, s.version + 1, sha, parent, intake_delta)
+            append_journal(c.checkpoint_dir, s.version + 1, sha, parent, intake_delta, self.credit.take_delta())
         s.version, s.sha, s.blob = s.version + 1, sha, blob
         self.parent_sha = parent
         self.made += 1
@@ -614,8 +652,10 @@ class LearnerPeer:
             "parent_sha256": parent or "",
             "created": time.time(),
             **self.intake.state(),
+            "credit": self.credit.to_json(),
         }
-        write_checkpoint(self.config.checkpoint_dir, meta, s.blob, self.optimizer.state_dict())
+        base_model = base_model_name(s.spec.manifest.model.name)
+        write_checkpoint(self.config.checkpoint_dir, meta, s.blob, self.optimizer.state_dict(), base_model)
         self._checkpointed = frozenset({s.sha})
         logger.info("checkpoint v%d written to %s", s.version, self.config.checkpoint_dir)
 

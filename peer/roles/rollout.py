@@ -50,6 +50,7 @@ from peer.roles.memory import (
     mib,
     row_bytes,
 )
+from peer.roles.progress import PROGRESS_EVERY, Counters, OwnCredit, Progress
 from peer.roles.publisher import MAX_GATHERED_GROUPS, Publisher, Sampled
 from peer.roles.run import RunSpec, prompt_seed, sampling_seed
 from peer.roles.session import Session, SessionConfig, default_cache_dir, open_session, settle_process
@@ -77,6 +78,10 @@ class RolloutConfig:
     poll_interval: float = 0.5
     publish_linger: float = 0.25  # seconds the publisher gathers groups into one store (fewer, fuller entries)
     ledger: Path | None = None  # JSON lines: one per batch and one per adapter swap
+    metrics_port: int | None = None  # serve Prometheus metrics at http://metrics_host:PORT/metrics (0: any free port)
+    metrics_host: str = "127.0.0.1"  # the address the metrics are served on
+    name: str | None = None  # this peer's --name: in its heartbeat, so status and the credit table show it
+    progress_every: float = PROGRESS_EVERY  # s between two progress lines (peer.roles.progress)
     # benchmark knobs (docs/benchmarks.md), never needed in a run:
     batch_seconds: float = 0.0  # each batch lasts at least this long (a slower machine, emulated by a sleep)
     one_batch_per_version: bool = False  # after a batch, wait for a newer version (a synchronous barrier's peer)
@@ -92,6 +97,8 @@ class RolloutConfig:
             raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
         if not self.batch_seconds >= 0.0:
             raise ValueError(f"batch_seconds must be >= 0, got {self.batch_seconds}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in 0..65535 (0: any free port), got {self.metrics_port}")
 
     def session_config(self) -> SessionConfig:
         return SessionConfig.of(self)
@@ -297,6 +304,8 @@ class RolloutPeer:
         }
         self.versions_used: set[int] = set()
         self.drain_seconds = 0.0
+        self.lag = (0.0, 0)  # (sum over groups made of versions behind the newest announced, groups): progress
+        self.progress: Progress | None = None
 
     # --- start-up ------------------------------------------------------------------------------------------------
 
@@ -305,6 +314,10 @@ class RolloutPeer:
         from peer.network.heartbeat import Reachable
 
         c = self.config
+        if c.metrics_port is not None:  # first: a port in use fails before anything is loaded
+            from peer.metrics import RolloutCollector, serve_metrics
+
+            self._closers.add(serve_metrics(RolloutCollector(self), c.metrics_host, c.metrics_port).close)
         self.session = session = open_session(c.session_config(), "rollout", self._closers)
         self.session.on_revoked.append(self.request_stop)
         self.swarm, self.blobs, self.heartbeat = session.swarm, session.blobs, session.heartbeat
@@ -371,7 +384,24 @@ class RolloutPeer:
             spec.sampling.group_size,
             self.max_inflight,
         )
+        self.progress = Progress(self._counters, self._own_credit, every=c.progress_every).start()
+        self._closers.add(self.progress.stop)
         return self
+
+    def _counters(self) -> Counters:
+        lag_sum, lag_groups = self.lag
+        return Counters(self.version, self.stats["groups"], lag_sum, lag_groups)
+
+    def _own_credit(self) -> OwnCredit:
+        """This peer's row of the admitted learners' credit records, merged by maximum (one DHT get)."""
+        from peer.roles.credit import admitted_credits, merged
+
+        records = admitted_credits(self.swarm, self.session.admitted)
+        own = merged([record for _, record in records]).get(key_fingerprint(self.swarm.public_key))
+        if own is None:
+            return OwnCredit(records=len(records))
+        reasons = tuple(sorted(own.reasons.items(), key=lambda rn: (-rn[1], rn[0])))
+        return OwnCredit(len(records), own.used, own.refused, reasons, own.stale, own.no_signal)
 
     @property
     def version(self) -> int:
@@ -451,7 +481,7 @@ class RolloutPeer:
         self.stats["swaps"] += 1
         if self.follower is not None:
             self.follower.mark_held(version, sha)
-        logger.info("now sampling with adapter v%d (%s…)", version, sha[:12])
+        logger.debug("now sampling with adapter v%d (%s…)", version, sha[:12])  # the progress line says it
         f = self.follower
         self._ledger(
             kind="swap",
@@ -593,6 +623,8 @@ class RolloutPeer:
                 self.publisher.put(Sampled(batch, these, part, self.version, self.sha))
             elapsed = time.perf_counter() - t0
             self.versions_used.add(self.version)
+            newest = self.follower.latest_seen.version if self.follower.latest_seen is not None else self.version
+            self.lag = (self.lag[0] + n * max(0, newest - self.version), self.lag[1] + n)
             tokens = sum(int(batch.completion_mask.sum()) for _, batch in sampled)
             self.stats["tokens"] += tokens
             self._ledger(

@@ -32,7 +32,7 @@ from peer.model.config import ModelConfig
 from peer.model.loading import load_base
 from peer.network.blobs_fetch import DEFAULT_TIMEOUT
 from peer.network.swarm import NetworkConfig
-from peer.protocol import key_fingerprint
+from peer.protocol import key_fingerprint, peer_name_problem
 from peer.roles.adapters import announcements, fetch_adapter, newest_announcement
 from peer.roles.closers import Closers
 from peer.roles.run import RunSpec, read_manifest, run_spec
@@ -58,6 +58,11 @@ class SessionConfig:
     heartbeat_interval: float = 10.0
     allowed_tasks: tuple[str, ...] = ()  # plug-in task modules a manifest may name (--allow-task); none by default
     learner_credential: str | None = None  # a learner's credential from the host (hgl1.…); learners must have one
+    name: str | None = None  # the peer's --name, in its heartbeat (status, the credit table)
+
+    def __post_init__(self):
+        if self.name is not None and (problem := peer_name_problem(self.name)) is not None:
+            raise ValueError(f"name {self.name!r}: {problem}")
 
     @classmethod
     def of(cls, role_config) -> SessionConfig:
@@ -172,7 +177,7 @@ def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
     closers.add(swarm.shutdown)
     blobs = BlobService(swarm.dht, BlobCache(c.cache_dir / "blobs"), access=swarm.access)
     closers.add(blobs.close)
-    heartbeat = Heartbeat(swarm, role, interval=c.heartbeat_interval).start()
+    heartbeat = Heartbeat(swarm, role, interval=c.heartbeat_interval, name=c.name).start()
     closers.add(lambda: heartbeat.stop(leaving=True))
     revoked: list[str] = []
     if swarm.access is not None:

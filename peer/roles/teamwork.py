@@ -256,6 +256,8 @@ class Teamwork:
         self.leader_bans.clear()  # the last leader's decisions: this learner's intake judges for itself now
         self.peer.bans_recorded = len(self.peer.intake.banned)
         self._next_rival_check = time.monotonic() + RIVAL_CHECK_EVERY
+        if self.counts["led"] or self.counts["followed"]:  # a takeover: what the last leader counted, by maximum
+            self.peer.merge_credit()  # (at start, the learner merged before its intake counted anything)
         self.peer.start_fetcher()
         self.counts["led"] += 1
         logger.info("leading the learners at v%d (%s)", s.version, why)
