@@ -10,7 +10,7 @@ $(BIN)/hivegrpo: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,dev]"
+	$(BIN)/pip install -q -e ".[test,dev,plots]"
 	touch $@
 
 install: $(BIN)/hivegrpo

@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
 from typing import Any
 
+from coordinator.metrics import prometheus
 from peer.log import get_logger
 from peer.status import LIVE
 
@@ -103,63 +104,6 @@ def point_of(status: dict) -> dict:
             if p["role"] == "rollout" and p["groups_per_s"] is not None and p["state"] in LIVE
         },
     }
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def prometheus(status: dict, exact_match: float | None = None) -> str:
-    """The status in Prometheus' text exposition format."""
-    run = f'run="{_label(status["run_id"])}"'
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, doc: str, samples: list[tuple[str, float | None]]) -> None:
-        samples = [(labels, v) for labels, v in samples if v is not None]
-        if not samples:
-            return
-        lines.extend([f"# HELP hivegrpo_{name} {doc}", f"# TYPE hivegrpo_{name} {kind}"])
-        lines.extend(f"hivegrpo_{name}{{{run}{labels}}} {float(v):g}" for labels, v in samples)
-
-    metric(
-        "adapter_version", "gauge", "Newest adapter version the learners announced.", [("", status["adapter_version"])]
-    )
-    metric(
-        "peers",
-        "gauge",
-        "Live peers by role.",
-        [(f',role="{role}"', n) for role, n in sorted(status["roles"].items())],
-    )
-    metric("groups_accepted_total", "counter", "Groups used in an update.", [("", status["groups_accepted"])])
-    metric("groups_rejected_total", "counter", "Groups refused by verification.", [("", status["groups_rejected"])])
-    metric(
-        "groups_rejected_by_reason_total",
-        "counter",
-        "Groups refused, by reason.",
-        [(f',reason="{_label(r)}"', n) for r, n in sorted(status["groups_rejected_by_reason"].items())],
-    )
-    metric("groups_dropped_stale_total", "counter", "Groups too old to use.", [("", status["groups_dropped_stale"])])
-    metric("banned_peers", "gauge", "Signers banned by a learner.", [("", len(status["banned"]))])
-    metric("staleness_mean", "gauge", "Mean staleness of the newest update.", [("", status["staleness_mean"])])
-    metric("reward_mean", "gauge", "Mean reward of the newest update.", [("", status["reward_mean"])])
-    metric("exact_match", "gauge", "Greedy exact match the host measured.", [("", exact_match)])
-    metric(
-        "peer_groups_per_second",
-        "gauge",
-        "Groups per second from each peer's heartbeat.",
-        [
-            (f',peer="{_label(p["peer_id"])}",role="{p["role"]}"', p["groups_per_s"])
-            for p in status["peers"]
-            if p["state"] in LIVE
-        ],
-    )
-    metric(
-        "peer_adapter_version",
-        "gauge",
-        "Adapter version each peer holds.",
-        [(f',peer="{_label(p["peer_id"])}",role="{p["role"]}"', p["adapter_version"]) for p in status["peers"]],
-    )
-    return "\n".join(lines) + "\n"
 
 
 def page() -> bytes:

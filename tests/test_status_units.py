@@ -7,6 +7,7 @@ import urllib.request
 
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
+from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.web import StatusHistory, WebServer, point_of, prometheus
 from peer.protocol import (
@@ -200,15 +201,23 @@ def test_prometheus_text_has_one_typed_sample_per_line_and_escapes_labels():
     s = swarm_status()
     s["peers"][2]["peer_id"] = 'Qm"odd\\'
     text = prometheus(s, exact_match=0.75)
-    sample = re.compile(r'hivegrpo_[a-z_]+\{run="run-s"(,[a-z]+="([^"\\]|\\.)*")*\} -?[0-9.e+-]+\Z')
+    # one sample per line, labels in name order (so run comes last)
+    sample = re.compile(r'hivegrpo_[a-z_]+\{([a-z]+="([^"\\]|\\.)*",)*run="run-s"\} -?[0-9.e+-]+\Z')
     lines = text.strip().splitlines()
     assert all(line.startswith("# ") or sample.match(line) for line in lines), [
         line for line in lines if not line.startswith("# ") and not sample.match(line)
     ]
-    assert 'hivegrpo_adapter_version{run="run-s"} 7' in lines
-    assert 'hivegrpo_peers{run="run-s",role="rollout"} 1' in lines
-    assert 'hivegrpo_groups_rejected_by_reason_total{run="run-s",reason="reward"} 3' in lines
-    assert 'hivegrpo_exact_match{run="run-s"} 0.75' in lines
+    samples = {
+        (x.name, tuple(sorted(x.labels.items()))): x.value
+        for f in text_string_to_metric_families(text)
+        for x in f.samples
+    }
+    run = ("run", "run-s")
+    assert samples[("hivegrpo_adapter_version", (run,))] == 7
+    assert samples[("hivegrpo_peers", (("role", "rollout"), run))] == 1
+    assert samples[("hivegrpo_groups_rejected_by_reason_total", (("reason", "reward"), run))] == 3
+    assert samples[("hivegrpo_exact_match", (run,))] == 0.75
+    assert samples[("hivegrpo_peer_adapter_version", (("peer", 'Qm"odd\\'), ("role", "rollout"), run))] == 3
     assert 'peer="Qm\\"odd\\\\"' in text
     assert "hivegrpo_staleness_mean" not in prometheus(swarm_status(metrics=[])), "no learner: no staleness sample"
 

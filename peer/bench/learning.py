@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 from peer.bench import json_lines, mean
+from peer.plots import require
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -399,6 +400,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--one", choices=SYSTEMS, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.plot:
+        require("--plot")  # now, not after the whole run
     if args.one:
         return run_one(args)
     systems = {}
@@ -430,11 +433,7 @@ def main(argv=None) -> dict:
 
 def plot(systems: dict, target: float, path: Path) -> None:
     """Exact match against each system's own clock, one line per system."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = require("--plot")
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, r in systems.items():
         rows = r.get("evaluations") or []

@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 from peer.bench import json_lines, mean
+from peer.plots import require
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -308,6 +309,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None, help="write groups used against time for each round here (PNG)")
     args = parser.parse_args(argv)
+    if args.plot:
+        require("--plot")  # now, not after the whole run
     pace = ["--bench-batch-seconds", str(args.batch_seconds)]
     slow = ["--bench-batch-seconds", str(args.batch_seconds * args.slowdown)]
     barrier = ["--bench-one-batch-per-version"]
@@ -337,11 +340,7 @@ def main(argv=None) -> dict:
 
 def plot(results: dict, seconds: float, path: Path) -> None:
     """Groups the learner used against time (from the measured window's start), one line per round."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = require("--plot")
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, r in results.items():
         points = [p for p in r["series"] if 0 <= p[0] <= seconds]

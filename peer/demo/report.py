@@ -1,4 +1,5 @@
-"""What ``hivegrpo demo`` shows while it runs and leaves behind: the live table, metrics.json, the plots.
+"""What ``hivegrpo demo`` shows while it runs and leaves behind: the live table, metrics.json, the plots (when
+matplotlib, the ``plots`` extra, is installed).
 
 Everything here is drawn from numbers the demo measured: the observer's evaluations, the learner's ledger (one
 line per version: time, reward, staleness, groups per peer) and the heartbeats' throughput.
@@ -7,7 +8,10 @@ line per version: time, reward, staleness, groups per peer) and the heartbeats' 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+from peer.plots import SKIPPED, pyplot
 
 
 def read_ledger(path: Path, started: float) -> list[dict]:
@@ -95,12 +99,13 @@ def used_rate(updates: list[dict], window: float) -> tuple[list[float], list[flo
 
 
 def plot(report: dict, directory: Path) -> list[str]:
-    """learning.png (exact match and reward against wall time) and throughput.png (groups/s per peer)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """learning.png (exact match and reward against wall time) and throughput.png (groups/s per peer); the paths
+    written. Without matplotlib (the ``plots`` extra) none: one line on stderr says so, and the rest of the report
+    stands."""
+    plt = pyplot()
+    if plt is None:
+        print(SKIPPED, file=sys.stderr, flush=True)
+        return []
     written = []
     fig, ax = plt.subplots(figsize=(7, 4))
     evaluations = report["evaluations"]
