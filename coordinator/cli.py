@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
+from peer import cli_checks
 from peer.cli import (
     _network_config,
     _network_options,
     _prompt_config,
     _prompt_options,
     _stop_on_signals,
-    _task_config,
     _task_options,
     _threads,
 )
@@ -18,8 +18,16 @@ from peer.cli import (
 
 @click.command("host")
 @_network_options
-@click.option("--run-id", required=True, help="Name of the run (letters, digits, '_' and '-').")
-@click.option("--model", default="bundled", show_default=True, help="'bundled', a model directory or a hub id.")
+@click.option(
+    "--run-id", required=True, callback=cli_checks.run_id, help="Name of the run (letters, digits, '_' and '-')."
+)
+@click.option(
+    "--model",
+    default="bundled",
+    show_default=True,
+    callback=cli_checks.model,
+    help="'bundled', a model directory or a hub id.",
+)
 @click.option("--revision", default=None, help="Hub revision of --model.")
 @click.option("--quantization", type=click.Choice(["nf4", "int8", "none"]), default="nf4", show_default=True)
 @_task_options
@@ -48,8 +56,20 @@ from peer.cli import (
     show_default=True,
     help="Learners drop groups more than this many adapter versions old.",
 )
-@click.option("--cache-dir", type=click.Path(file_okay=False), default="~/.cache/hivegrpo", show_default=True)
-@click.option("--info-file", type=click.Path(dir_okay=False), default=None, help="Write the join details as JSON.")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default="~/.cache/hivegrpo",
+    show_default=True,
+    callback=cli_checks.output_folder,
+)
+@click.option(
+    "--info-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    callback=cli_checks.output_file,
+    help="Write the join details as JSON.",
+)
 @click.option(
     "--private",
     is_flag=True,
@@ -100,10 +120,16 @@ def host_cmd(
     """Host a swarm: publish the run, seed the base model and adapter v0, print the line others paste."""
     from pathlib import Path
 
+    cli_checks.task(task, task_config)
+    if private and not network["identity"]:
+        raise click.UsageError(
+            "a private swarm needs --identity FILE: its invites are signed with the host's key, which must survive "
+            "a restart (or every invite given out would stop working)"
+        )
+    cli_checks.listen(web_host, web_port, "--web-port")
     _threads(1)
     prompt = _prompt_config(chat_template, system_prompt, stop)
-    from coordinator.host import Host, HostConfig
-    from coordinator.manifest import RunSettings
+    from coordinator.manifest import ManifestTooLarge, RunSettings, check_settings
     from peer.grpo import SamplingConfig, StalenessConfig
 
     settings = RunSettings(
@@ -112,7 +138,7 @@ def host_cmd(
         revision=revision,
         quantization=quantization,
         task=task,
-        task_config=_task_config(task_config),
+        task_config=task_config,
         sampling=SamplingConfig(group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature),
         prompt=prompt,
         groups_per_version=groups_per_version,
@@ -120,6 +146,12 @@ def host_cmd(
         seed=seed,
         access="private" if private else "public",
     )
+    try:
+        check_settings(settings)
+    except ManifestTooLarge as e:
+        raise click.UsageError(str(e)) from None
+    from coordinator.host import Host, HostConfig
+
     config = HostConfig(
         settings,
         _network_config(**network),
@@ -152,14 +184,60 @@ def host_cmd(
         host.close()
 
 
+def _invite_name(ctx, param, value: str) -> str:
+    from peer.network.access import MAX_NAME
+
+    if len(value) > MAX_NAME:
+        raise click.BadParameter(f"an invite's name has at most {MAX_NAME} characters, got {len(value)}; shorten it")
+    return value
+
+
+def _expires(ctx, param, value: str) -> float:
+    from coordinator.invites import parse_duration
+    from peer.network.access import InviteError
+
+    try:
+        return parse_duration(value)
+    except InviteError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _invite_ids(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    import re
+
+    for value in values:
+        if re.fullmatch("[0-9a-f]{16}", value) is None:
+            raise click.BadParameter(
+                f"{value!r} is not an invite id (16 hex digits); `hivegrpo invite --list` shows the ids issued"
+            )
+    return values
+
+
 @click.command("invite")
-@click.option("--identity", required=True, type=click.Path(dir_okay=False), help="The host's --identity file.")
-@click.option("--run-id", required=True, help="The private run, as the host runs it.")
-@click.option("--name", default="", help="Who the invite is for (shown in --list).")
 @click.option(
-    "--expires", default="7d", show_default=True, help="How long it stays valid: 30m, 12h, 7d, ... or never."
+    "--identity",
+    required=True,
+    type=click.Path(dir_okay=False),
+    callback=cli_checks.host_identity,
+    help="The host's --identity file.",
 )
-@click.option("--revoke", "revoke", multiple=True, metavar="ID", help="Revoke the invite with this id (repeatable).")
+@click.option("--run-id", required=True, callback=cli_checks.run_id, help="The private run, as the host runs it.")
+@click.option("--name", default="", callback=_invite_name, help="Who the invite is for (shown in --list).")
+@click.option(
+    "--expires",
+    default="7d",
+    show_default=True,
+    callback=_expires,
+    help="How long it stays valid: 30m, 12h, 7d, ... or never.",
+)
+@click.option(
+    "--revoke",
+    "revoke",
+    multiple=True,
+    metavar="ID",
+    callback=_invite_ids,
+    help="Revoke the invite with this id (repeatable).",
+)
 @click.option("--list", "show", is_flag=True, help="List the invites issued, with their state.")
 @click.option(
     "--role",
@@ -174,11 +252,11 @@ def invite_cmd(identity, run_id, name, expires, revoke, show, role, as_json):
     host applies revocations in seconds."""
     import json
 
-    from coordinator.invites import InviteBook, parse_duration
+    from coordinator.invites import InviteBook
 
     book = InviteBook(identity, run_id)
     if role == "learner" and not (revoke or show):
-        credential = book.issue_learner(name, parse_duration(expires))
+        credential = book.issue_learner(name, expires)
         c = credential.certificate
         if as_json:
             click.echo(
@@ -206,7 +284,7 @@ def invite_cmd(identity, run_id, name, expires, revoke, show, role, as_json):
                     until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(e["expires"])) if e["expires"] else "never"
                     click.echo(f"{e['id']}  {e['role']:7}  {e['state']:8}  expires {until:20}  {e['name']}")
         return
-    invite = book.issue(name, parse_duration(expires))
+    invite = book.issue(name, expires)
     if as_json:
         click.echo(
             json.dumps({"id": invite.invite_id, "name": name, "expires": invite.expires, "invite": invite.token})

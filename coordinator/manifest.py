@@ -87,13 +87,17 @@ def check_prompt(settings: RunSettings, folder: Path) -> None:
     check_prompt_config(load_tokenizer(str(folder)), settings.prompt)
 
 
-def build_manifest(
-    settings: RunSettings, folder: Path, adapter0_sha256: str, coordinator_peer_id: str
-) -> ManifestRecord:
-    """The manifest of a run on the model in ``folder``; checked by parsing it back as a peer would."""
-    task = get_task(settings.task, settings.task_config)
-    spec = task.spec()
-    check_prompt(settings, folder)
+def check_settings(settings: RunSettings) -> tuple[dict, str]:
+    """The task's spec and the manifest's ``grpo_json`` for ``settings``, once what needs no model is checked: the
+    task resolves with its config (:class:`~peer.tasks.TaskError` else) and both fit in the manifest
+    (:class:`ManifestTooLarge` else). ``hivegrpo host`` calls it before it loads anything."""
+    spec = get_task(settings.task, settings.task_config).spec()
+    config_chars = len(json.dumps(spec["config"], sort_keys=True))
+    if config_chars > MAX_JSON_CHARS:
+        raise ManifestTooLarge(
+            f"the task's config takes {config_chars} characters of JSON, the manifest allows {MAX_JSON_CHARS}; "
+            "shorten --task-config"
+        )
     grpo = grpo_json(
         settings.sampling, settings.loss, settings.staleness, settings.groups_per_version, settings.prompt
     )
@@ -102,6 +106,15 @@ def build_manifest(
             f"the run's GRPO settings take {len(grpo)} characters of JSON, the manifest allows {MAX_JSON_CHARS}; "
             "shorten --system-prompt (or the --stop strings)"
         )
+    return spec, grpo
+
+
+def build_manifest(
+    settings: RunSettings, folder: Path, adapter0_sha256: str, coordinator_peer_id: str
+) -> ManifestRecord:
+    """The manifest of a run on the model in ``folder``; checked by parsing it back as a peer would."""
+    spec, grpo = check_settings(settings)
+    check_prompt(settings, folder)
     manifest = ManifestRecord(
         run_id=settings.run_id,
         created=time.time(),

@@ -10,7 +10,8 @@ import os
 
 import click
 
-from peer import __version__
+from peer import __version__, cli_checks
+from peer.log import LEVELS
 
 
 def _threads(num_threads: int) -> None:
@@ -19,27 +20,6 @@ def _threads(num_threads: int) -> None:
     import torch
 
     torch.set_num_threads(num_threads)
-
-
-def _task_config(text: str | None) -> dict:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise click.BadParameter(f"not valid JSON ({e.msg}); pass e.g. '{{\"digits\": 3}}'") from e
-    if not isinstance(value, dict):
-        raise click.BadParameter("must be a JSON object, e.g. '{\"digits\": 3}'")
-    return value
-
-
-def _device(ctx, param, value: str) -> str:
-    from peer.model.config import check_device
-
-    try:
-        return check_device(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
 
 
 def _device_options(f):
@@ -55,7 +35,7 @@ def _device_options(f):
         "--device",
         default="auto",
         show_default=True,
-        callback=_device,
+        callback=cli_checks.device,
         help="cpu, cuda (the first GPU), cuda:N (GPU N) or auto (a GPU when torch sees one).",
     )(f)
     return f
@@ -71,13 +51,22 @@ def _model_options(f):
         help="How the frozen base weights are held (bitsandbytes).",
     )(f)
     f = click.option(
-        "--model", default="bundled", show_default=True, help="'bundled', a model directory or a hub id."
+        "--model",
+        default="bundled",
+        show_default=True,
+        callback=cli_checks.model,
+        help="'bundled', a model directory or a hub id.",
     )(f)
     return f
 
 
 def _task_options(f):
-    f = click.option("--task-config", default=None, help="JSON object of task options, e.g. '{\"digits\": 3}'.")(f)
+    f = click.option(
+        "--task-config",
+        default=None,
+        callback=cli_checks.task_config,
+        help="JSON object of task options, e.g. '{\"digits\": 3}'.",
+    )(f)
     f = click.option(
         "--task",
         default="addition",
@@ -174,28 +163,74 @@ def _learner_memory_options(f):
     return f
 
 
+def _metrics_options(f):
+    """``--metrics-port`` and ``--metrics-host``: this peer's Prometheus metrics (docs/rollout.md, docs/learner.md)."""
+    f = click.option(
+        "--metrics-host",
+        default="127.0.0.1",
+        show_default=True,
+        help="Address to serve --metrics-port on (0.0.0.0: every interface; the metrics are readable by anyone "
+        "who reaches it).",
+    )(f)
+    f = click.option(
+        "--metrics-port",
+        type=click.IntRange(0, 65535),
+        default=None,
+        metavar="PORT",
+        help="Serve this peer's Prometheus metrics at http://HOST:PORT/metrics (0: any free port; the log says "
+        "which). Default: not served.",
+    )(f)
+    return f
+
+
+def _name_option(f):
+    """``--name``: how status, the host's page and the credit table call this peer."""
+    return click.option(
+        "--name",
+        default=None,
+        callback=cli_checks.peer_name,
+        help="A name for this peer in `hivegrpo status`, the host's page and the contributors' credit (1-32 "
+        "printable characters; others see it). Default: none (the key fingerprint alone).",
+    )(f)
+
+
 def _network_options(f):
     f = click.option(
         "--invite",
         envvar="HIVEGRPO_INVITE",
+        show_envvar=True,
         default=None,
-        help="A private swarm's invite, as its host gave it (or set HIVEGRPO_INVITE).",
+        callback=cli_checks.invite,
+        help="A private swarm's invite, as its host gave it.",
     )(f)
     f = click.option("--no-relay", is_flag=True, help="Do not use libp2p relays (closed networks).")(f)
     f = click.option(
         "--client-mode", is_flag=True, help="Query the DHT without serving it (for peers nobody can reach)."
     )(f)
     f = click.option(
-        "--identity", type=click.Path(dir_okay=False), default=None, help="File keeping this peer's identity."
+        "--identity",
+        type=click.Path(dir_okay=False),
+        default=None,
+        callback=cli_checks.identity,
+        help="File keeping this peer's identity.",
     )(f)
     f = click.option(
-        "--announce-maddrs", multiple=True, help="Public multiaddrs to announce (a port forwarded on the router)."
+        "--announce-maddrs",
+        multiple=True,
+        callback=cli_checks.announce_maddrs,
+        help="Public multiaddrs to announce (a port forwarded on the router).",
     )(f)
     f = click.option(
-        "--host-maddrs", multiple=True, help="Where to listen (default /ip4/0.0.0.0/tcp/0); repeat for several."
+        "--host-maddrs",
+        multiple=True,
+        callback=cli_checks.host_maddrs,
+        help="Where to listen (default /ip4/0.0.0.0/tcp/0); repeat for several.",
     )(f)
     f = click.option(
-        "--initial-peers", multiple=True, help="Multiaddr of a peer in the swarm (as the host prints it); repeat."
+        "--initial-peers",
+        multiple=True,
+        callback=cli_checks.initial_peers,
+        help="Multiaddr of a peer in the swarm (as the host prints it); repeat.",
     )(f)
     return f
 
@@ -234,8 +269,9 @@ def _plugin_commands() -> dict:
 
 
 class _Group(click.Group):
-    """Prints a user-fixable error as one line (``Error: ...``, exit 1) instead of a traceback; adds the
-    registered commands of other packages."""
+    """Prints a user-fixable error found while running as one line (``Error: ...``, exit 1) instead of a traceback
+    (a bad option value is click's usage error, exit 2: :mod:`peer.cli_checks`); adds the registered commands of
+    other packages."""
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(_plugin_commands()))
@@ -257,7 +293,14 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hivegrpo")
-@click.option("--log-level", default=None, help="DEBUG, INFO (default), WARNING or ERROR.")
+@click.option(
+    "--log-level",
+    type=click.Choice(LEVELS, case_sensitive=False),
+    envvar="HIVEGRPO_LOG_LEVEL",
+    show_envvar=True,
+    default=None,
+    help="DEBUG, INFO (default), WARNING or ERROR, in any case.",
+)
 def main(log_level: str | None) -> None:
     """Peer-to-peer asynchronous GRPO fine-tuning with LoRA."""
     from peer.log import configure
@@ -293,6 +336,7 @@ def main(log_level: str | None) -> None:
     "--report-dir",
     type=click.Path(file_okay=False),
     default=None,
+    callback=cli_checks.output_folder,
     help="Where the plots, metrics.json, the logs and the final adapter go. Default: ./hivegrpo-demo-TIME.",
 )
 @click.option(
@@ -338,18 +382,24 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
     if as_json:
         click.echo(json.dumps(summary))
         return
+    contents = ", ".join([*(Path(p).name for p in report["plots"]), "metrics.json", "logs/"])
     click.echo(
         f"exact match {report['final_exact_match']:.3f} with adapter v{report['adapter_version']} after "
         f"{report['seconds']:.0f} s ({report['stopped_by']}); the learner made {report['versions']} versions from "
-        f"{report['groups']} groups.\nReport: {report['report_dir']} (learning.png, throughput.png, metrics.json, "
-        f"logs/). Check the result independently with:\n  hivegrpo eval --adapter {report['adapter']}"
+        f"{report['groups']} groups.\nReport: {report['report_dir']} ({contents}). Check the result independently "
+        f"with:\n  hivegrpo eval --adapter {report['adapter']}"
     )
 
 
 @main.command("join")
 @_network_options
-@click.option("--run-id", required=True, help="The run to join, as the host printed it.")
-@click.option("--coordinator", default=None, help="Fingerprint of the host's key, as the host printed it.")
+@click.option("--run-id", required=True, callback=cli_checks.run_id, help="The run to join, as the host printed it.")
+@click.option(
+    "--coordinator",
+    default=None,
+    callback=cli_checks.coordinator,
+    help="Fingerprint of the host's key, as the host printed it.",
+)
 @_allow_task_option
 @click.option(
     "--quantization",
@@ -380,11 +430,23 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
     help="Pause while the newest version's bucket holds this many groups. Default: 2x the learners' batch.",
 )
 @click.option(
-    "--ledger", type=click.Path(dir_okay=False), default=None, help="Append per-batch and per-swap JSON lines here."
+    "--ledger",
+    type=click.Path(dir_okay=False),
+    default=None,
+    callback=cli_checks.output_file,
+    help="Append per-batch and per-swap JSON lines here.",
 )
-@click.option("--cache-dir", type=click.Path(file_okay=False), default="~/.cache/hivegrpo", show_default=True)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default="~/.cache/hivegrpo",
+    show_default=True,
+    callback=cli_checks.output_folder,
+)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object.")
+@_metrics_options
+@_name_option
 @click.option("--bench-batch-seconds", type=click.FloatRange(min=0), default=0.0, hidden=True)  # docs/benchmarks.md
 @click.option("--bench-one-batch-per-version", is_flag=True, hidden=True)  # docs/benchmarks.md
 def join_cmd(
@@ -402,6 +464,9 @@ def join_cmd(
     cache_dir,
     threads,
     as_json,
+    metrics_port,
+    metrics_host,
+    name,
     bench_batch_seconds,
     bench_one_batch_per_version,
     **network,
@@ -411,8 +476,9 @@ def join_cmd(
 
     if batch_size != "auto" and not (batch_size.isdigit() and int(batch_size) >= 1):
         raise click.BadParameter(
-            f"must be a positive integer or 'auto', got {batch_size!r}", param_hint="--batch-size"
+            f"must be a positive integer or 'auto', got {batch_size!r}", param_hint="'--batch-size'"
         )
+    cli_checks.same_run(run_id, network["invite"])
     _threads(threads)
     from peer.roles.rollout import RolloutConfig, run_rollout
 
@@ -430,6 +496,9 @@ def join_cmd(
         max_inflight=max_inflight,
         cache_dir=Path(cache_dir).expanduser(),
         ledger=Path(ledger).expanduser() if ledger else None,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        name=name,
         batch_seconds=bench_batch_seconds,
         one_batch_per_version=bench_one_batch_per_version,
     )
@@ -445,8 +514,15 @@ def join_cmd(
 
 @main.command("learn")
 @_network_options
-@click.option("--run-id", required=True, help="The run to learn for, as the host printed it.")
-@click.option("--coordinator", default=None, help="Fingerprint of the host's key, as the host printed it.")
+@click.option(
+    "--run-id", required=True, callback=cli_checks.run_id, help="The run to learn for, as the host printed it."
+)
+@click.option(
+    "--coordinator",
+    default=None,
+    callback=cli_checks.coordinator,
+    help="Fingerprint of the host's key, as the host printed it.",
+)
 @_allow_task_option
 @click.option(
     "--quantization",
@@ -459,6 +535,7 @@ def join_cmd(
     "--checkpoint-dir",
     type=click.Path(file_okay=False),
     default=None,
+    callback=cli_checks.output_folder,
     help="Write checkpoints here (adapter, optimizer state, version, bans) and resume from them.",
 )
 @click.option("--checkpoint-every", type=click.IntRange(1), default=10, show_default=True, help="Versions.")
@@ -486,19 +563,35 @@ def join_cmd(
     help="Median per-token log-prob difference (nats) a spot check accepts over a group; its other nat "
     "thresholds scale with it (docs/reliability.md, Verification).",
 )
-@click.option("--ledger", type=click.Path(dir_okay=False), default=None, help="Append per-version JSON lines here.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), default="~/.cache/hivegrpo", show_default=True)
+@click.option(
+    "--ledger",
+    type=click.Path(dir_okay=False),
+    default=None,
+    callback=cli_checks.output_file,
+    help="Append per-version JSON lines here.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default="~/.cache/hivegrpo",
+    show_default=True,
+    callback=cli_checks.output_folder,
+)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object.")
 @click.option("--bench-barrier", is_flag=True, hidden=True)  # docs/benchmarks.md
 @_learner_memory_options
+@_metrics_options
+@_name_option
 @click.option(
     "--learner-credential",
     envvar="HIVEGRPO_LEARNER_CREDENTIAL",
+    show_envvar=True,
     default=None,
+    callback=cli_checks.learner_credential,
     metavar="TOKEN",
     help="The credential admitting this learner to the run (hgl1.…), as in the host's learn line or from "
-    "`hivegrpo invite --role learner` (or set HIVEGRPO_LEARNER_CREDENTIAL).",
+    "`hivegrpo invite --role learner`.",
 )
 def learn_cmd(
     run_id,
@@ -522,11 +615,15 @@ def learn_cmd(
     learner_credential,
     micro_batch_tokens,
     gradient_checkpointing,
+    metrics_port,
+    metrics_host,
+    name,
     **network,
 ):
     """Join a swarm as a learner: verify the buckets' groups and turn them into adapter versions."""
     from pathlib import Path
 
+    cli_checks.same_run(run_id, network["invite"], learner_credential)
     _threads(threads)
     from peer.roles.learner import LearnerConfig, run_learner
 
@@ -551,6 +648,9 @@ def learn_cmd(
         barrier=bench_barrier,
         micro_batch_tokens=micro_batch_tokens,
         gradient_checkpointing=gradient_checkpointing,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        name=name,
     )
     result = run_learner(config, on_ready=lambda peer: _stop_on_signals(peer.request_stop))
     if as_json:
@@ -565,11 +665,24 @@ def learn_cmd(
 
 @main.command("status")
 @_network_options
-@click.option("--run-id", required=True, help="The run to look at, as the host printed it.")
-@click.option("--coordinator", default=None, help="Fingerprint of the host's key (picks the run's manifest).")
+@click.option(
+    "--run-id", required=True, callback=cli_checks.run_id, help="The run to look at, as the host printed it."
+)
+@click.option(
+    "--coordinator",
+    default=None,
+    callback=cli_checks.coordinator,
+    help="Fingerprint of the host's key (picks the run's manifest).",
+)
 @click.option("--watch", type=click.FloatRange(min=1), default=None, help="Refresh every this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object.")
-def status_cmd(run_id, coordinator, watch, as_json, **network):
+@click.option(
+    "--contributors",
+    is_flag=True,
+    help="Also print the contributors' credit over the whole run: name, key fingerprint, groups used and refused, "
+    "share of the groups used, since when (--json always includes it).",
+)
+def status_cmd(run_id, coordinator, watch, as_json, contributors, **network):
     """Show a swarm's live peers by role, the learners' version, staleness, rewards and bans."""
     import dataclasses
     import time
@@ -577,6 +690,7 @@ def status_cmd(run_id, coordinator, watch, as_json, **network):
     from peer.network.swarm import join
     from peer.status import read_status, render
 
+    cli_checks.same_run(run_id, network["invite"])
     config = dataclasses.replace(_network_config(**network), client_mode=True)  # a reader serves nobody
     if not config.initial_peers:
         raise click.UsageError("pass --initial-peers: the multiaddr of any peer of the run (the host prints them)")
@@ -593,7 +707,7 @@ def status_cmd(run_id, coordinator, watch, as_json, **network):
                 if as_json:
                     click.echo(json.dumps(status))
                 else:
-                    console.print(render(status))
+                    console.print(render(status, contributors=contributors))
                 if not watch:
                     return
                 time.sleep(watch)
@@ -605,7 +719,12 @@ def status_cmd(run_id, coordinator, watch, as_json, **network):
 @_model_options
 @_task_options
 @_prompt_options
-@click.option("--adapter", type=click.Path(exists=True), default=None, help="LoRA adapter file or peft directory.")
+@click.option(
+    "--adapter",
+    type=click.Path(exists=True),
+    default=None,
+    help="A LoRA adapter: a PEFT folder (hivegrpo's or peft's, a learner's checkpoint folder) or a hivegrpo file.",
+)
 @click.option("--n", "n", type=click.IntRange(1), default=500, show_default=True, help="Held-out examples.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Which held-out set.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=6, show_default=True)
@@ -629,16 +748,17 @@ def eval_cmd(
     as_json,
 ):
     """Greedy exact match of a model (and adapter) on the task's held-out set."""
+    cli_checks.task(task, task_config)
+    prompt = _prompt_config(chat_template, system_prompt, stop)
     _threads(threads)
     from peer.model.config import ModelConfig
     from peer.model.evaluate import evaluate_model
     from peer.tasks import get_task
 
-    prompt = _prompt_config(chat_template, system_prompt, stop)
     model_config = ModelConfig(name=model, quantization=quantization, device=device, dtype=dtype)
     result = evaluate_model(
         model_config,
-        get_task(task, _task_config(task_config)),
+        get_task(task, task_config),
         adapter,
         n=n,
         seed=seed,
@@ -665,11 +785,23 @@ def eval_cmd(
 @click.option(
     "--max-new-tokens", type=click.IntRange(1, 4096), default=6, show_default=True, help="Completion length cap."
 )
-@click.option("--lr", type=float, default=2e-3, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=2e-3, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
-@click.option("--report", type=click.Path(dir_okay=False), default=None, help="Write the curve as JSON here.")
-@click.option("--save-adapter", type=click.Path(dir_okay=False), default=None, help="Write the final adapter here.")
+@click.option(
+    "--report",
+    type=click.Path(dir_okay=False),
+    default=None,
+    callback=cli_checks.output_file,
+    help="Write the curve as JSON here.",
+)
+@click.option(
+    "--save-adapter",
+    type=click.Path(file_okay=False),
+    default=None,
+    callback=cli_checks.output_folder,
+    help="Write the final adapter to this folder (a PEFT folder: peft and transformers load it).",
+)
 @_learner_memory_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def train_local(
@@ -687,6 +819,8 @@ def train_local(
     **options,
 ):
     """The synchronous single-process GRPO reference loop (the baseline for every swarm result)."""
+    cli_checks.task(task, task_config)
+    prompt = _prompt_config(chat_template, system_prompt, stop)
     _threads(threads)
     from peer.roles.reference import ReferenceConfig, run_reference
 
@@ -696,8 +830,8 @@ def train_local(
         device=device,
         dtype=dtype,
         task=task,
-        task_config=_task_config(task_config),
-        prompt=_prompt_config(chat_template, system_prompt, stop),
+        task_config=task_config,
+        prompt=prompt,
         **options,
     )
     result = run_reference(config)
@@ -708,12 +842,147 @@ def train_local(
             click.echo(f"{point['seconds']:7.1f}s  step {point['step']:4d}  exact match {point['exact_match']:.3f}")
 
 
+_HUB_REPO = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
+
+
+def _hub_repo(ctx, param, value: str | None) -> str | None:
+    import re
+
+    if value is not None and not re.match(_HUB_REPO, value):
+        raise click.BadParameter(f"must be a hub repository id like 'alice/my-adapter', got {value!r}")
+    return value
+
+
+@main.command("export")
+@click.option(
+    "--adapter",
+    type=click.Path(exists=True),
+    default=None,
+    help="Export this adapter (a PEFT folder, a learner's checkpoint folder or a hivegrpo file), not the swarm's.",
+)
+@_network_options
+@click.option(
+    "--run-id",
+    default=None,
+    callback=cli_checks.run_id,
+    help="The run whose adapter to fetch, as the host printed it.",
+)
+@click.option(
+    "--coordinator",
+    default=None,
+    callback=cli_checks.coordinator,
+    help="Fingerprint of the host's key, as the host printed it.",
+)
+@click.option(
+    "--version",
+    "version",
+    type=click.IntRange(0),
+    default=None,
+    help="The swarm's adapter version to export (the newest or one of its 16 ancestors). Default: the newest.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    required=True,
+    callback=cli_checks.output_folder,
+    help="A new (or empty) folder to write to.",
+)
+@click.option(
+    "--merge",
+    is_flag=True,
+    help="Write a full model (base de-quantized, LoRA merged in, tokenizer and generation config) instead of the "
+    "adapter: transformers' AutoModelForCausalLM.from_pretrained(OUT) loads it.",
+)
+@click.option(
+    "--model",
+    default=None,
+    callback=cli_checks.model,
+    help="Base model of --adapter ('bundled', a folder or a hub id). Default: what the adapter folder names, or the "
+    "run's.",
+)
+@click.option(
+    "--quantization",
+    type=click.Choice(["nf4", "int8", "none"]),
+    default=None,
+    help="How the base was held while the adapter trained (--merge de-quantizes it). Default: the run's; nf4 for "
+    "--adapter.",
+)
+@click.option(
+    "--push-to-hub",
+    default=None,
+    metavar="REPO",
+    callback=_hub_repo,
+    help="Then upload OUT to this hub repository (needs a token: `hf auth login` or HF_TOKEN).",
+)
+@click.option("--private", "private_repo", is_flag=True, help="With --push-to-hub: create the repository private.")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default="~/.cache/hivegrpo",
+    show_default=True,
+    callback=cli_checks.output_folder,
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def export_cmd(
+    adapter,
+    run_id,
+    coordinator,
+    version,
+    out,
+    merge,
+    model,
+    quantization,
+    push_to_hub,
+    private_repo,
+    cache_dir,
+    as_json,
+    **network,
+):
+    """Write a run's adapter as a PEFT folder (or, with --merge, a full model) from a file or from the swarm."""
+    from pathlib import Path
+
+    from_swarm = adapter is None
+    if from_swarm and not (run_id and network["initial_peers"]):
+        raise click.UsageError(
+            "pass --adapter PATH, or --initial-peers and --run-id (as the host printed them) to export from a swarm"
+        )
+    if not from_swarm and (run_id or network["initial_peers"] or version is not None):
+        raise click.UsageError("--adapter exports a local adapter: drop --run-id, --initial-peers and --version")
+    _threads(1)
+    from peer.export import ExportConfig, export
+
+    config = ExportConfig(
+        out=Path(out).expanduser(),
+        adapter=Path(adapter) if adapter else None,
+        run_id=run_id,
+        network=_network_config(**network) if from_swarm else None,
+        coordinator=coordinator,
+        version=version,
+        model=model,
+        quantization=quantization,
+        merge=merge,
+        push_to_hub=push_to_hub,
+        private=private_repo,
+        cache_dir=Path(cache_dir).expanduser(),
+    )
+    result = export(config)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    what = "merged model" if merge else "PEFT adapter"
+    version_text = f" v{result['version']}" if result["version"] is not None else ""
+    click.echo(f"{what}{version_text} ({result['adapter_sha256'][:12]}…) written to {result['out']}")
+    if result.get("pushed_to"):
+        click.echo(f"uploaded to {result['pushed_to']}")
+
+
 @main.command("fetch-model")
 @click.argument("name", type=click.Choice(["smollm2-135m-instruct"]))
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
     default=None,
+    callback=cli_checks.output_folder,
     help="Folder to write the model to (default: ~/.cache/hivegrpo/models/NAME); pass it as --model.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
@@ -731,7 +1000,13 @@ def fetch_model_cmd(name, out, as_json):
 
 
 @main.command("build-tiny")
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="Directory to write the model to.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    required=True,
+    callback=cli_checks.output_folder,
+    help="Directory to write the model to.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 def build_tiny(out, seed):
     """Rebuild the bundled tiny model from scratch (provenance of the shipped checkpoint)."""

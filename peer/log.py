@@ -10,6 +10,7 @@ import logging
 import os
 
 _ROOT = "hivegrpo"
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def get_logger(name: str) -> logging.Logger:
@@ -21,6 +22,8 @@ def get_logger(name: str) -> logging.Logger:
 def configure(level: str | None = None) -> None:
     """Send the project's logs to stderr; level from the argument, ``HIVEGRPO_LOG_LEVEL``, or INFO."""
     level = (level or os.environ.get("HIVEGRPO_LOG_LEVEL") or "INFO").upper()
+    if level not in LEVELS:
+        raise ValueError(f"the log level must be DEBUG, INFO, WARNING or ERROR, got {level!r}")
     root = logging.getLogger(_ROOT)
     if not root.handlers:
         handler = logging.StreamHandler()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 QUANTIZATIONS = ("nf4", "int8", "none")
 DEVICES = ("auto", "cpu", "cuda")  # and "cuda:N", one GPU by its index
@@ -18,6 +20,46 @@ def check_device(device: str) -> str:
     if device.startswith("cuda:") and index.isdigit() and len(index) <= 3:
         return device
     raise ValueError(f"device must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1), got {device!r}")
+
+
+def check_device_present(device: str) -> None:
+    """ValueError unless torch sees the GPU that ``device`` (a :func:`check_device` name) asks for; ``auto`` and
+    ``cpu`` always pass. Imports torch, and creates no CUDA context."""
+    if device in ("auto", "cpu"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {device} was asked for but torch sees no CUDA device; use --device cpu or auto")
+    index = int(device.removeprefix("cuda").removeprefix(":") or 0)
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"--device {device}: torch sees {count} GPU(s), numbered 0 to {count - 1}; pick one of those")
+
+
+BUNDLED = "bundled"
+LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+
+
+def check_model_name(name: str) -> str:
+    """``name`` if it can name a base model, else ValueError saying what to pass: ``bundled``, a model directory
+    (one holding config.json) or a hub id. Reads only the file system: whether a hub id exists shows when it loads."""
+    if name == BUNDLED:
+        return name
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} exists but holds no config.json: point --model at a model directory")
+        return name
+    if name.startswith(LOCAL_PATH_PREFIXES):
+        raise ValueError(f"no model directory at {path}: check the path, or pass 'bundled' or a hub id")
+    if HUB_ID.fullmatch(name) is None:
+        raise ValueError(
+            f"{name!r} is neither a model directory nor a hub id (like HuggingFaceTB/SmolLM2-135M-Instruct): "
+            "check the path, or pass 'bundled'"
+        )
+    return name
 
 
 def _from_dict(cls, data: dict):

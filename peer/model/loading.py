@@ -21,11 +21,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from peer.errors import UserError
 from peer.log import get_logger
-from peer.model.config import ModelConfig
+from peer.model.config import BUNDLED, ModelConfig, check_device_present, check_model_name
 
 logger = get_logger(__name__)
-
-BUNDLED = "bundled"
 
 
 class ModelLoadError(UserError, RuntimeError):
@@ -53,17 +51,11 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     if device == "cpu":
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ModelLoadError(
-            f"--device {device} was asked for but torch sees no CUDA device; use --device cpu or auto"
-        )
-    index = int(device.removeprefix("cuda").removeprefix(":") or 0)
-    count = torch.cuda.device_count()
-    if index >= count:
-        raise ModelLoadError(
-            f"--device {device}: torch sees {count} GPU(s), numbered 0 to {count - 1}; pick one of those"
-        )
-    return torch.device("cuda", index)
+    try:
+        check_device_present(device)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
+    return torch.device("cuda", int(device.removeprefix("cuda").removeprefix(":") or 0))
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -95,14 +87,12 @@ def resolve_source(name: str) -> str:
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"the bundled model is missing from {path}; reinstall hivegrpo")
         return str(path)
+    try:
+        check_model_name(name)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
     path = Path(name).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{path} exists but holds no config.json: point --model at a model directory")
-        return str(path)
-    if name.startswith(("/", "./", "../", "~")):
-        raise ModelLoadError(f"no model directory at {path}: check the path, or pass 'bundled' or a hub id")
-    return name  # a hub id, resolved by transformers (and its cache) at load time
+    return str(path) if path.exists() else name  # a hub id, resolved by transformers (and its cache) at load time
 
 
 def _quantization_config(quantization: str, dtype: torch.dtype):

@@ -26,6 +26,8 @@ survive a restart) and, beside it at ``<identity_path>.rsa``, the RSA key that s
 a restarted peer still owns its subkeys). Without it, both are fresh for each run of the process. Both files are
 created mode 0600 (:func:`peer.files.write_private`): hivemind would write the libp2p one readable by others and
 ``chmod`` it afterwards, so this module writes it first, in hivemind's format, and hivemind only reads it.
+:func:`check_identity_files` reads both as :func:`join` will without starting anything, so the command line refuses
+a corrupt one by name before a model loads.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ NARROW_READ = {"beam_size": 2, "num_workers": 2}  # a narrow read asks the 2 nea
 
 class SwarmJoinError(UserError, RuntimeError):
     """The peer could not start or bootstrap its DHT; the message names the addresses tried and what to check."""
+
+
+class IdentityFileError(SwarmJoinError):
+    """An identity file (``identity_path`` or its ``.rsa`` signing key) that cannot be read or holds no key."""
 
 
 @dataclass(frozen=True)
@@ -96,14 +102,58 @@ def load_signing_key(identity_path: str | None):
     path = Path(f"{identity_path}.rsa")
     if path.exists():
         key = RSAPrivateKey.__new__(RSAPrivateKey)
-        try:
-            key.__setstate__({"_private_key": path.read_bytes()})  # hivemind's own (DER) key serialization
-        except ValueError as e:
-            raise SwarmJoinError(f"the signing key {path} is unreadable ({e}); move it away to start afresh") from e
+        key.__setstate__({"_private_key": _signing_key_bytes(path)})  # hivemind's own (DER) key serialization
         return key
     key = RSAPrivateKey()
     write_private(path, key.to_bytes())
     return key
+
+
+def _signing_key_bytes(path: Path) -> bytes:
+    """The signing key file's bytes, once they read as a DER private key (as hivemind's ``RSAPrivateKey`` reads
+    them: with cryptography, which needs no hivemind import)."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.serialization import load_der_private_key
+
+    data = _read_identity_file(path, "signing key")
+    try:
+        load_der_private_key(data, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
+        raise IdentityFileError(
+            f"{path} is a corrupt signing key file (not a DER private key): move it away to make a new key (this "
+            "peer's records are then signed by a new owner, and a host must issue its invites again)"
+        ) from e
+    return data
+
+
+def _read_identity_file(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise IdentityFileError(
+            f"cannot read the {what} file {path} ({e.strerror}): make it readable, or pass another --identity"
+        ) from e
+
+
+def check_identity_files(identity_path: str) -> None:
+    """Read the identity at ``identity_path`` and its ``.rsa`` signing key as :func:`join` will, starting nothing;
+    raises :class:`IdentityFileError` naming a file that is unreadable or holds no key. Files not there yet pass:
+    :func:`join` makes them."""
+    path = Path(identity_path)
+    if path.exists():
+        from cryptography.exceptions import UnsupportedAlgorithm
+        from google.protobuf.message import DecodeError
+        from hivemind.p2p import PeerID
+
+        try:
+            PeerID.from_identity(_read_identity_file(path, "identity"))  # what hivemind reads it with
+        except (DecodeError, ValueError, TypeError, UnsupportedAlgorithm) as e:
+            raise IdentityFileError(
+                f"{path} is a corrupt identity file (not a libp2p private key): move it away to make a new "
+                "identity (the peer id, and so the multiaddrs others pasted, then change)"
+            ) from e
+    if Path(f"{identity_path}.rsa").exists():
+        _signing_key_bytes(Path(f"{identity_path}.rsa"))
 
 
 def create_libp2p_identity(identity_path: str) -> bool:
@@ -278,6 +328,8 @@ def join(config: NetworkConfig, run_id: str) -> Swarm:
     from peer.protocol.validators import make_validators
 
     check_run_id(run_id)
+    if config.identity_path:
+        check_identity_files(config.identity_path)
     signing_key = load_signing_key(config.identity_path)
     access = None
     if config.invite:
