@@ -6,6 +6,7 @@ import click
 
 from peer import cli_checks
 from peer.cli import (
+    _cache_dir_option,
     _network_config,
     _network_options,
     _prompt_config,
@@ -56,13 +57,7 @@ from peer.cli import (
     show_default=True,
     help="Learners drop groups more than this many adapter versions old.",
 )
-@click.option(
-    "--cache-dir",
-    type=click.Path(file_okay=False),
-    default="~/.cache/hivegrpo",
-    show_default=True,
-    callback=cli_checks.output_folder,
-)
+@_cache_dir_option
 @click.option(
     "--info-file",
     type=click.Path(dir_okay=False),

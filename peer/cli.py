@@ -194,6 +194,18 @@ def _name_option(f):
     )(f)
 
 
+def _cache_dir_option(f):
+    """``--cache-dir``: where a peer keeps fetched models and blobs (checked writable before anything starts)."""
+    return click.option(
+        "--cache-dir",
+        type=click.Path(file_okay=False),
+        default="~/.cache/hivegrpo",
+        show_default=True,
+        callback=cli_checks.output_folder,
+        help="Where fetched models and blobs are kept.",
+    )(f)
+
+
 def _network_options(f):
     f = click.option(
         "--invite",
@@ -436,13 +448,7 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
     callback=cli_checks.output_file,
     help="Append per-batch and per-swap JSON lines here.",
 )
-@click.option(
-    "--cache-dir",
-    type=click.Path(file_okay=False),
-    default="~/.cache/hivegrpo",
-    show_default=True,
-    callback=cli_checks.output_folder,
-)
+@_cache_dir_option
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object.")
 @_metrics_options
@@ -570,13 +576,7 @@ def join_cmd(
     callback=cli_checks.output_file,
     help="Append per-version JSON lines here.",
 )
-@click.option(
-    "--cache-dir",
-    type=click.Path(file_okay=False),
-    default="~/.cache/hivegrpo",
-    show_default=True,
-    callback=cli_checks.output_folder,
-)
+@_cache_dir_option
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch threads (CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object.")
 @click.option("--bench-barrier", is_flag=True, hidden=True)  # docs/benchmarks.md
@@ -915,13 +915,7 @@ def _hub_repo(ctx, param, value: str | None) -> str | None:
     help="Then upload OUT to this hub repository (needs a token: `hf auth login` or HF_TOKEN).",
 )
 @click.option("--private", "private_repo", is_flag=True, help="With --push-to-hub: create the repository private.")
-@click.option(
-    "--cache-dir",
-    type=click.Path(file_okay=False),
-    default="~/.cache/hivegrpo",
-    show_default=True,
-    callback=cli_checks.output_folder,
-)
+@_cache_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def export_cmd(
     adapter,

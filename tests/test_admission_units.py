@@ -5,47 +5,29 @@ way hivemind does (subkey -> item with ``.value``): choosing among records is pu
 """
 
 import time
-from types import SimpleNamespace
 
 import pytest
-from hivemind.utils.crypto import RSAPrivateKey
 
 from peer.network import admission
 from peer.network.admission import Admitted, CredentialError
 from peer.protocol import AdapterRecord, LearnerRecord, adapter_key, learners_key, owner_subkey, to_dht_value
 from peer.roles.adapters import announcements, newest_announcement
+from tests.dict_swarm import DictSwarm, public, run_keys
 
 RUN = "adm"
 SHA = [f"{i:064x}" for i in range(1, 20)]
 
 
-class _Swarm:
-    """A peer's view of the DHT: ``records[key][subkey] = value``."""
-
-    def __init__(self, key, peer_id="QmSelf"):
-        self.run_id = RUN
-        self.signing_key = key
-        self.public_key = key.get_public_key().to_bytes()
-        self.peer_id = peer_id
-        self.records: dict[str, dict[bytes, object]] = {}
-        self.reads = 0
-
-    def get_dict(self, key, **_):
-        self.reads += 1
-        return {k: SimpleNamespace(value=v) for k, v in self.records.get(key, {}).items()}
-
-    def store(self, key, subkey, value, expires, what):
-        self.records.setdefault(key, {})[subkey] = value
-        return True
+def _Swarm(key, peer_id="QmSelf") -> DictSwarm:
+    return DictSwarm(key, RUN, peer_id)
 
 
 @pytest.fixture(scope="module")
 def keys():
-    return SimpleNamespace(host=RSAPrivateKey(), learner=RSAPrivateKey(), stranger=RSAPrivateKey())
+    return run_keys()
 
 
-def _pub(key) -> bytes:
-    return key.get_public_key().to_bytes()
+_pub = public
 
 
 def _admit(swarm, credential, signer_key, peer_id):

@@ -3,7 +3,6 @@ bounds, the record's schema, the checkpoint + journal + host state that keep it,
 and the rollout peer's progress line. The DHT is a dict here (``_Swarm``); signatures and credentials are real."""
 
 import json
-from types import SimpleNamespace
 
 import msgpack
 import pytest
@@ -31,35 +30,22 @@ from peer.roles.checkpoint import append_journal
 from peer.roles.credit import CreditTable, admitted_credits, contributor_rows, merge_admitted, merged, restore
 from peer.roles.progress import Counters, OwnCredit, Progress, progress_line
 from peer.status import render, summarize
+from tests.dict_swarm import DictSwarm, public, run_keys
 
 RUN = "credit-u"
 FP = [f"{i:016x}" for i in range(1, 400)]
 
 
-class _Swarm:
-    """A peer's view of the DHT: ``records[key][subkey] = value`` (as tests/test_admission_units.py)."""
-
-    def __init__(self, key, peer_id="QmSelf"):
-        self.run_id = RUN
-        self.public_key = key.get_public_key().to_bytes()
-        self.peer_id = peer_id
-        self.records: dict[str, dict[bytes, object]] = {}
-
-    def get_dict(self, key, **_):
-        return {k: SimpleNamespace(value=v) for k, v in self.records.get(key, {}).items()}
-
-    def store(self, key, subkey, value, expires, what):
-        self.records.setdefault(key, {})[subkey] = value
-        return True
+def _Swarm(key, peer_id="QmSelf") -> DictSwarm:
+    return DictSwarm(key, RUN, peer_id)
 
 
 @pytest.fixture(scope="module")
 def keys():
-    return SimpleNamespace(host=RSAPrivateKey(), learner=RSAPrivateKey(), stranger=RSAPrivateKey())
+    return run_keys()
 
 
-def _pub(key) -> bytes:
-    return key.get_public_key().to_bytes()
+_pub = public
 
 
 def _record(used: dict[str, int], learner="QmLearner", **credit) -> CreditRecord:
