@@ -217,3 +217,16 @@ def test_a_folder_plain_peft_trained_is_evaluated_by_hivegrpo(tmp_path):
     assert json.loads((folder / "adapter_config.json").read_text())["r"] == 4
     ours = _hivegrpo("eval", "--quantization", "none", "--adapter", str(folder), "--n", "200")
     assert ours["correct"] == plain["correct"], (ours, plain["correct"])
+
+
+def test_push_to_hub_without_a_token_is_one_line_and_keeps_the_export(tmp_path):
+    blob = blob_from_tensors(_tensors(**{"l.q_proj.lora_A": (2, 3)}), LoRAConfig(r=2, target_modules=("q_proj",)))
+    write_peft_folder(tmp_path / "a", blob, "m")
+    env = {k: v for k, v in ENV.items() if not k.startswith("HF_")} | {"HF_HOME": str(tmp_path / "hf")}
+    argv = [sys.executable, "-m", "peer.cli", "export", "--adapter", str(tmp_path / "a"), "--out", str(tmp_path / "o")]
+    done = subprocess.run([*argv, "--push-to-hub", "alice/adapter"], capture_output=True, text=True, env=env)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("Error: --push-to-hub alice/adapter: no Hugging Face token")
+    assert read_adapter(tmp_path / "o")[0] == blob, "the export itself is kept"
+    bad = subprocess.run([*argv, "--push-to-hub", "not a repo"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "'--push-to-hub'" in bad.stderr and "Traceback" not in bad.stderr
