@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -80,11 +81,14 @@ def test_invited_peers_work_strangers_are_refused_and_a_revoked_invite_stops(tmp
     swarm_maddrs = [m for p in s["peers"] for m in p["maddrs"]]
 
     # a stranger's `join`: one clear error, non-zero exit; the same with an invite signed by another key
-    for name, extra, says in (
-        ("uninvited", (), "--invite"),
-        ("forged", ("--invite", forged_invite("priv1")), "invite"),
-    ):
-        out = cli("join", *join_args(info), "--cache-dir", str(tmp_path / name), *extra, timeout=180)
+    tries = (("uninvited", (), "--invite"), ("forged", ("--invite", forged_invite("priv1")), "invite"))
+    with ThreadPoolExecutor(2) as pool:  # side by side: each waits on the network more than it computes
+        joins = list(
+            pool.map(
+                lambda t: cli("join", *join_args(info), "--cache-dir", str(tmp_path / t[0]), *t[1], timeout=180), tries
+            )
+        )
+    for (name, _, says), out in zip(tries, joins, strict=True):
         assert out.returncode == 1, (name, out.stderr[-2000:])
         assert len(errors(out.stderr)) == 1 and says in errors(out.stderr)[0], (name, out.stderr[-2000:])
         assert not (tmp_path / name / "models").exists() or not any((tmp_path / name / "models").iterdir())
@@ -93,14 +97,17 @@ def test_invited_peers_work_strangers_are_refused_and_a_revoked_invite_stops(tmp
     weights = bundled_path() / "model.safetensors"
     sha, size = hashlib.sha256(weights.read_bytes()).hexdigest(), weights.stat().st_size
     strangers = {}
-    for name, extra in (("plain", ()), ("forger", ("--invite", forged_invite("priv1")))):
+    kinds = (("plain", ()), ("forger", ("--invite", forged_invite("priv1"))))
+
+    def attempt(kind):
+        name, extra = kind
         out = tmp_path / f"stranger-{name}.json"
-        run = subprocess.run(
-            [sys.executable, STRANGER, "priv1", str(out), sha, str(size), *swarm_maddrs, *extra],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        argv = [sys.executable, STRANGER, "priv1", str(out), sha, str(size), *swarm_maddrs, *extra]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=180), out
+
+    with ThreadPoolExecutor(2) as pool:
+        attempts = list(pool.map(attempt, kinds))
+    for (name, _), (run, out) in zip(kinds, attempts, strict=True):
         assert run.returncode == 0, run.stderr[-3000:]
         strangers[name] = report = json.loads(out.read_text())
         assert report["manifest_entries"] == 0, report
