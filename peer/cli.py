@@ -194,6 +194,23 @@ def _name_option(f):
     )(f)
 
 
+def _run_options(what: str, required: bool = True):
+    """``--run-id`` and ``--coordinator``: which run, signed by which host (as ``hivegrpo host`` printed them)."""
+
+    def decorate(f):
+        f = click.option(
+            "--coordinator",
+            default=None,
+            callback=cli_checks.coordinator,
+            help="Fingerprint of the host's key, as the host printed it (picks the run's manifest).",
+        )(f)
+        return click.option(
+            "--run-id", required=required, callback=cli_checks.run_id, help=f"{what}, as the host printed it."
+        )(f)
+
+    return decorate
+
+
 def _cache_dir_option(f):
     """``--cache-dir``: where a peer keeps fetched models and blobs (checked writable before anything starts)."""
     return click.option(
@@ -405,13 +422,7 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
 
 @main.command("join")
 @_network_options
-@click.option("--run-id", required=True, callback=cli_checks.run_id, help="The run to join, as the host printed it.")
-@click.option(
-    "--coordinator",
-    default=None,
-    callback=cli_checks.coordinator,
-    help="Fingerprint of the host's key, as the host printed it.",
-)
+@_run_options("The run to join")
 @_allow_task_option
 @click.option(
     "--quantization",
@@ -520,15 +531,7 @@ def join_cmd(
 
 @main.command("learn")
 @_network_options
-@click.option(
-    "--run-id", required=True, callback=cli_checks.run_id, help="The run to learn for, as the host printed it."
-)
-@click.option(
-    "--coordinator",
-    default=None,
-    callback=cli_checks.coordinator,
-    help="Fingerprint of the host's key, as the host printed it.",
-)
+@_run_options("The run to learn for")
 @_allow_task_option
 @click.option(
     "--quantization",
@@ -665,15 +668,7 @@ def learn_cmd(
 
 @main.command("status")
 @_network_options
-@click.option(
-    "--run-id", required=True, callback=cli_checks.run_id, help="The run to look at, as the host printed it."
-)
-@click.option(
-    "--coordinator",
-    default=None,
-    callback=cli_checks.coordinator,
-    help="Fingerprint of the host's key (picks the run's manifest).",
-)
+@_run_options("The run to look at")
 @click.option("--watch", type=click.FloatRange(min=1), default=None, help="Refresh every this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object.")
 @click.option(
@@ -748,17 +743,16 @@ def eval_cmd(
     as_json,
 ):
     """Greedy exact match of a model (and adapter) on the task's held-out set."""
-    cli_checks.task(task, task_config)
+    chosen = cli_checks.task(task, task_config)
     prompt = _prompt_config(chat_template, system_prompt, stop)
     _threads(threads)
     from peer.model.config import ModelConfig
     from peer.model.evaluate import evaluate_model
-    from peer.tasks import get_task
 
     model_config = ModelConfig(name=model, quantization=quantization, device=device, dtype=dtype)
     result = evaluate_model(
         model_config,
-        get_task(task, task_config),
+        chosen,
         adapter,
         n=n,
         seed=seed,
@@ -842,17 +836,6 @@ def train_local(
             click.echo(f"{point['seconds']:7.1f}s  step {point['step']:4d}  exact match {point['exact_match']:.3f}")
 
 
-_HUB_REPO = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
-
-
-def _hub_repo(ctx, param, value: str | None) -> str | None:
-    import re
-
-    if value is not None and not re.match(_HUB_REPO, value):
-        raise click.BadParameter(f"must be a hub repository id like 'alice/my-adapter', got {value!r}")
-    return value
-
-
 @main.command("export")
 @click.option(
     "--adapter",
@@ -861,18 +844,7 @@ def _hub_repo(ctx, param, value: str | None) -> str | None:
     help="Export this adapter (a PEFT folder, a learner's checkpoint folder or a hivegrpo file), not the swarm's.",
 )
 @_network_options
-@click.option(
-    "--run-id",
-    default=None,
-    callback=cli_checks.run_id,
-    help="The run whose adapter to fetch, as the host printed it.",
-)
-@click.option(
-    "--coordinator",
-    default=None,
-    callback=cli_checks.coordinator,
-    help="Fingerprint of the host's key, as the host printed it.",
-)
+@_run_options("The run whose adapter to fetch", required=False)
 @click.option(
     "--version",
     "version",
@@ -911,7 +883,7 @@ def _hub_repo(ctx, param, value: str | None) -> str | None:
     "--push-to-hub",
     default=None,
     metavar="REPO",
-    callback=_hub_repo,
+    callback=cli_checks.hub_repo,
     help="Then upload OUT to this hub repository (needs a token: `hf auth login` or HF_TOKEN).",
 )
 @click.option("--private", "private_repo", is_flag=True, help="With --push-to-hub: create the repository private.")

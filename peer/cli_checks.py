@@ -215,6 +215,15 @@ def model(ctx, param, value: str | None) -> str | None:
     return value
 
 
+def hub_repo(ctx, param, value: str | None) -> str | None:
+    """``--push-to-hub``: a hub repository id with its namespace (:data:`peer.model.config.HUB_ID`)."""
+    from peer.model.config import HUB_ID
+
+    if value is not None and ("/" not in value or HUB_ID.fullmatch(value) is None):
+        raise click.BadParameter(f"must be a hub repository id like 'alice/my-adapter', got {value!r}")
+    return value
+
+
 def device(ctx, param, value: str) -> str:
     """``--device``: a name this project runs on, and a GPU torch sees when it names one."""
     from peer.model.config import check_device, check_device_present
@@ -241,8 +250,8 @@ def task_config(ctx, param, value: str | None) -> dict:
     return parsed
 
 
-def task(name: str, config: dict) -> None:
-    """``--task`` with ``--task-config``: the task resolves (no model needed) and takes that config."""
+def task(name: str, config: dict):
+    """``--task`` with ``--task-config``: the task resolves (no model needed) and takes that config; returns it."""
     from peer.tasks import TaskError, get_task
 
     try:
@@ -250,7 +259,7 @@ def task(name: str, config: dict) -> None:
     except TaskError as e:
         raise click.BadParameter(str(e), param_hint="'--task'") from None
     try:
-        get_task(name, config)
+        return get_task(name, config)
     except TaskError as e:
         raise click.BadParameter(str(e), param_hint="'--task-config'") from None
 

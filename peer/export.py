@@ -28,6 +28,7 @@ import json
 import shutil
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from peer.errors import UserError
@@ -113,6 +114,7 @@ def _named_base(path: Path) -> str | None:
 def _from_swarm(config: ExportConfig) -> Source:
     from peer.network.admission import Admitted
     from peer.network.blobs import BlobCache, BlobService, BlobUnavailable
+    from peer.network.heartbeat import blob_providers
     from peer.network.swarm import join
     from peer.roles.adapters import announcements
     from peer.roles.basemodel import fetch_from, resolve_base
@@ -129,7 +131,7 @@ def _from_swarm(config: ExportConfig) -> Source:
                 raise UserError(f"the run's manifest has a LoRA shape this hivegrpo cannot read ({e})") from None
             admitted = Admitted(swarm, coordinator_key, manifest.adapter0_sha256)
             version, sha, size, providers = _choose(announcements(swarm, admitted), config.version)
-            providers_of = _live_providers(swarm)
+            providers_of = partial(blob_providers, swarm, first="learner")  # learners keep older adapters
             try:
                 blob = _fetch(blobs, sha, size, providers, providers_of)
             except BlobUnavailable as e:
@@ -171,18 +173,6 @@ def _choose(records, version: int | None) -> tuple[int, str, int, tuple[str, ...
     )
 
 
-def _live_providers(swarm):
-    def providers():
-        from hivemind.p2p import PeerID
-
-        from peer.network.heartbeat import live_peers
-
-        peers = sorted(live_peers(swarm), key=lambda p: p.record.role != "learner")  # learners keep old adapters
-        return [PeerID.from_base58(p.record.peer_id) for p in peers]
-
-    return providers
-
-
 def _fetch(blobs, sha: str, size: int, announced, others) -> bytes:
     from peer.network.blobs_fetch import DEFAULT_TIMEOUT
     from peer.roles.adapters import fetch_adapter
@@ -209,23 +199,16 @@ def _check_blob(blob: bytes, sha: str, lora: LoRAConfig, version: int) -> None:
 
 def _merge(source: Source, out: Path) -> None:
     """Base as trained on, de-quantized; LoRA merged in; saved with tokenizer and generation config."""
-    import torch
-
     from peer.model.loading import load_base
 
     name = str(source.folder) if source.folder is not None else source.base_model
     base = load_base(ModelConfig(name=name, quantization=source.quantization, device="cpu", dtype="float32"))
     model = base.model
-    if source.quantization != "none":
-        model = model.dequantize()  # float32 weights as the swarm saw them (bitsandbytes' own de-quantization)
-        model.to(torch.float32)
+    if source.quantization != "none":  # float32 weights as the swarm saw them (bitsandbytes' own de-quantization;
+        model = model.dequantize()  # transformers drops the config's quantization_config with it)
     peft_model = attach_lora(model, source.lora)
     load_adapter_bytes(peft_model, source.blob)
     merged = peft_model.merge_and_unload()
-    merged.config.quantization_config = None
-    if hasattr(merged.config, "quantization_config"):
-        del merged.config.quantization_config
-    merged.requires_grad_(False)
     tmp = out.with_name(f".{out.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

@@ -35,17 +35,22 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def attach_lora(model, config: LoRAConfig) -> PeftModel:
-    """Wrap the frozen base with a LoRA adapter whose initial weights depend only on ``config.init_seed``."""
-    peft_config = PeftLoraConfig(
+def peft_lora_config(config: LoRAConfig, **extra) -> PeftLoraConfig:
+    """peft's ``LoraConfig`` of ``config``: plain LoRA on a causal LM (``extra``: more of peft's fields)."""
+    return PeftLoraConfig(
         r=config.r,
         lora_alpha=config.alpha,
         lora_dropout=config.dropout,
         target_modules=list(config.target_modules),
         bias="none",
         task_type="CAUSAL_LM",
+        **extra,
     )
-    peft_model = get_peft_model(model, peft_config)
+
+
+def attach_lora(model, config: LoRAConfig) -> PeftModel:
+    """Wrap the frozen base with a LoRA adapter whose initial weights depend only on ``config.init_seed``."""
+    peft_model = get_peft_model(model, peft_lora_config(config))
     initialize_lora(peft_model, config.init_seed)
     for name, param in peft_model.named_parameters():
         param.requires_grad_("lora_" in name)

@@ -22,6 +22,11 @@ def check_device(device: str) -> str:
     raise ValueError(f"device must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1), got {device!r}")
 
 
+def cuda_index(device: str) -> int:
+    """The GPU index of ``cuda`` (0) or ``cuda:N`` (N)."""
+    return int(device.removeprefix("cuda").removeprefix(":") or 0)
+
+
 def check_device_present(device: str) -> None:
     """ValueError unless torch sees the GPU that ``device`` (a :func:`check_device` name) asks for; ``auto`` and
     ``cpu`` always pass. Imports torch, and creates no CUDA context."""
@@ -31,7 +36,7 @@ def check_device_present(device: str) -> None:
 
     if not torch.cuda.is_available():
         raise ValueError(f"--device {device} was asked for but torch sees no CUDA device; use --device cpu or auto")
-    index = int(device.removeprefix("cuda").removeprefix(":") or 0)
+    index = cuda_index(device)
     count = torch.cuda.device_count()
     if index >= count:
         raise ValueError(f"--device {device}: torch sees {count} GPU(s), numbered 0 to {count - 1}; pick one of those")

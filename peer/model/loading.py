@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from peer.errors import UserError
 from peer.log import get_logger
-from peer.model.config import BUNDLED, ModelConfig, check_device_present, check_model_name
+from peer.model.config import BUNDLED, ModelConfig, check_device_present, check_model_name, cuda_index
 
 logger = get_logger(__name__)
 
@@ -55,7 +55,7 @@ def resolve_device(device: str) -> torch.device:
         check_device_present(device)
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
-    return torch.device("cuda", int(device.removeprefix("cuda").removeprefix(":") or 0))
+    return torch.device("cuda", cuda_index(device))
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

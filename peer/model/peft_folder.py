@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from peer.model.adapter import ADAPTER_FILE, METADATA_KEY, AdapterError, blob_lora_config
+from peer.model.adapter import ADAPTER_FILE, METADATA_KEY, AdapterError, blob_lora_config, peft_lora_config
 from peer.model.config import LoRAConfig
 
 CONFIG_FILE = "adapter_config.json"
@@ -70,18 +70,7 @@ def base_model_name(name: str) -> str:
 
 def peft_config_dict(lora: LoRAConfig, base_model: str) -> dict:
     """``adapter_config.json`` for ``lora`` on ``base_model`` (a hub id or a model folder), as this peft writes it."""
-    from peft import LoraConfig as PeftLoraConfig
-
-    config = PeftLoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=sorted(lora.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-        base_model_name_or_path=base_model,
-        inference_mode=True,
-    )
+    config = peft_lora_config(lora, base_model_name_or_path=base_model, inference_mode=True)
     return config.to_dict() | {"target_modules": sorted(lora.target_modules)}  # peft keeps a set: fix the order
 
 

@@ -134,6 +134,16 @@ def live_peers(swarm, role: str | None = None, include_leaving: bool = False) ->
     return sorted(out, key=lambda p: p.record.peer_id)
 
 
+def blob_providers(swarm, first: str) -> list:
+    """PeerIDs of the run's live peers to ask for a blob, this peer excluded, those of role ``first`` first (the
+    coordinator seeds the model; learners keep older adapters)."""
+    from hivemind.p2p import PeerID
+
+    me = str(swarm.peer_id)
+    peers = sorted(live_peers(swarm), key=lambda p: (p.record.role != first, p.record.peer_id))
+    return [PeerID.from_base58(p.record.peer_id) for p in peers if p.record.peer_id != me]
+
+
 class Reachable:
     """The peer ids of live peers of ``role`` that others can reach (not in client mode), this peer excluded,
     re-read from the heartbeats at most every ``every`` seconds: a callable, e.g. a bucket store's ``push_to``.

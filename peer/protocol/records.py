@@ -576,7 +576,8 @@ class LearnerRecord(_Record):
 # ---------------------------------------------------------------------------------------------------- metrics
 
 
-Fingerprint = pydantic.constr(strict=True, regex=r"[0-9a-f]{16}\Z")  # key_fingerprint: 16 hex of a signing key
+FINGERPRINT_PATTERN = r"[0-9a-f]{16}\Z"  # key_fingerprint: 16 hex of a signing key
+Fingerprint = pydantic.constr(strict=True, regex=FINGERPRINT_PATTERN)
 
 
 class PeerTally(_Model):
@@ -614,7 +615,8 @@ class MetricsRecord(_Record):
 
 
 CreditCount = pydantic.conint(strict=True, ge=0, le=MAX_CREDIT)
-Reason = pydantic.constr(strict=True, regex=r"[a-z][a-z_]{0,15}\Z")  # a refusal reason of the intake
+REASON_PATTERN = r"[a-z][a-z_]{0,15}\Z"  # a refusal reason of the intake
+Reason = pydantic.constr(strict=True, regex=REASON_PATTERN)
 
 
 class Credit(_Model):

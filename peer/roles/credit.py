@@ -53,6 +53,7 @@ from peer.protocol import (
     to_dht_value,
 )
 from peer.protocol.limits import MAX_CREDIT, MAX_CREDIT_REASONS, MAX_CREDITED, MAX_INT
+from peer.protocol.records import FINGERPRINT_PATTERN, REASON_PATTERN
 
 logger = get_logger(__name__)
 
@@ -63,8 +64,8 @@ REFRESH_EVERY = 60.0  # s after which the record is stored again even unchanged 
 CREDIT_TTL = 600.0  # s a credit record lives unless stored again (quota.MAX_TTL["credit"])
 NOT_CREDITED = frozenset({"duplicate"})  # refusals that say nothing about the producer (a re-read after a restart)
 COUNTS = ("used", "refused", "stale", "no_signal")
-_FINGERPRINT = re.compile(r"[0-9a-f]{16}\Z")
-_REASON = re.compile(r"[a-z][a-z_]{0,15}\Z")
+_FINGERPRINT = re.compile(FINGERPRINT_PATTERN)
+_REASON = re.compile(REASON_PATTERN)
 
 
 @dataclass

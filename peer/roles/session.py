@@ -98,13 +98,9 @@ class Session:
 
     def providers(self):
         """Peers to ask for blobs: the live peers of the run, coordinator first (it seeds the model)."""
-        from hivemind.p2p import PeerID
+        from peer.network.heartbeat import blob_providers
 
-        from peer.network.heartbeat import live_peers
-
-        peers = live_peers(self.swarm)
-        peers.sort(key=lambda p: (p.record.role != "coordinator", p.record.peer_id))
-        return [PeerID.from_base58(p.record.peer_id) for p in peers if p.record.peer_id != str(self.swarm.peer_id)]
+        return blob_providers(self.swarm, first="coordinator")
 
     def swap(self, version: int, sha: str, blob: bytes, *, quiet: bool = False) -> None:
         """Load adapter ``version`` in place; AdapterError unless the model then holds exactly ``sha``.
