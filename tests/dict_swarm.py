@@ -25,6 +25,9 @@ class DictSwarm:
         self.records.setdefault(key, {})[subkey] = value
         return True
 
+    def store_many(self, items, what, **_):
+        return [self.store(key, subkey, value, expires, what) for key, subkey, value, expires in items]
+
 
 def run_keys() -> SimpleNamespace:
     """A host's, a learner's and a stranger's RSA keys."""

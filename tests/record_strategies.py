@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from peer.protocol import keys
 from peer.protocol.codec import MAX_TOKEN_ID
 from peer.protocol.limits import (
+    HOLDER_RING,
     MAX_ANCESTORS,
     MAX_BANNED,
     MAX_BLOB_BYTES,
@@ -66,6 +67,7 @@ from peer.protocol.records import (
     Credit,
     CreditRecord,
     GroupRecord,
+    HolderRecord,
     ManifestRecord,
     MetricsRecord,
     ModelFile,
@@ -191,6 +193,17 @@ def manifests(draw) -> ManifestRecord:
         lora_json=draw(json_objects),
         adapter0_sha256=draw(sha256s),
         coordinator=draw(peer_ids),
+    )
+
+
+@st.composite
+def holders(draw) -> HolderRecord:
+    return HolderRecord(
+        peer_id=draw(peer_ids),
+        version=draw(counts),
+        sha256=draw(sha256s),
+        size=draw(st.integers(1, MAX_BLOB_BYTES)),
+        created=draw(timestamps),
     )
 
 
@@ -480,6 +493,7 @@ class Kind:
     field: Callable[[Any], str]
     out_of_range: dict[str, Callable]  # label -> mutate(data, draw), in place
     oversize: Callable[[dict, Any], None]  # puts the value over MAX_DHT_VALUE_BYTES, in place
+    also: tuple[str, ...] = ()  # other fields whose key holds this record too (a learner's heartbeat: core_peers)
 
 
 def _owner(pub: bytes, _record) -> bytes:
@@ -588,6 +602,7 @@ PEER = Kind(
     cls=PeerRecord,
     valid=heartbeats(),
     **_single(keys.PEERS_FIELD),
+    also=(keys.CORE_PEERS_FIELD,),
     out_of_range={
         "peer id": _set(("peer_id",), bad_peer_ids),
         "role": _set(("role",), lambda _: st.sampled_from(["admin", "Learner", ""])),
@@ -941,7 +956,24 @@ CREDIT = Kind(
     ),
 )
 
-KINDS = {kind.name: kind for kind in (MANIFEST, PEER, ADAPTER, INLINE, POINTER, METRICS, ACCESS, CREDIT)}
+HOLDER = Kind(
+    name="holder",
+    cls=HolderRecord,
+    valid=holders(),
+    key=lambda run, holder: keys.holders_key(run, holder.version),
+    subkey=_owner,
+    field=lambda holder: keys.holders_field(holder.version % HOLDER_RING),
+    out_of_range={
+        "peer id": _set(("peer_id",), bad_peer_ids),
+        "version": _set(("version",), lambda _: bad_counts()),
+        "sha256": _set(("sha256",), bad_hex),
+        "size": _set(("size",), lambda _: st.integers(-(2**63), 0) | st.integers(MAX_BLOB_BYTES + 1, 2**64 - 1)),
+        "negative created": _set(("created",), lambda _: negative_floats()),
+    },
+    oversize=lambda d, draw: d.update(peer_id="Q" * OVER),
+)
+
+KINDS = {kind.name: kind for kind in (MANIFEST, PEER, ADAPTER, INLINE, POINTER, METRICS, ACCESS, CREDIT, HOLDER)}
 
 
 # ---------------------------------------------------------------------------------------------------- value edits

@@ -161,7 +161,7 @@ def test_a_learner_record_fits_the_dht_and_its_schema(keys):
 
 def test_pushes_go_only_to_learners_whose_heartbeat_signer_is_admitted(keys):
     from peer.network.heartbeat import Reachable
-    from peer.protocol import PeerRecord, peers_key
+    from peer.protocol import PeerRecord, core_peers_key
 
     swarm = _Swarm(keys.host)
     _admit(swarm, admission.issue_credential(keys.host, RUN), keys.learner, "QmLearner")
@@ -180,7 +180,7 @@ def test_pushes_go_only_to_learners_whose_heartbeat_signer_is_admitted(keys):
             state="running",
             stats={},
         )
-        swarm.records.setdefault(peers_key(RUN), {})[owner_subkey(_pub(key))] = to_dht_value(beat)
+        swarm.records.setdefault(core_peers_key(RUN), {})[owner_subkey(_pub(key))] = to_dht_value(beat)
     assert set(Reachable(swarm, "learner")()) == {"QmLearner", "QmFake"}, "a heartbeat alone is a claim"
     assert Reachable(swarm, "learner", admitted=Admitted(swarm, _pub(keys.host)))() == ("QmLearner",)
 

@@ -44,7 +44,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from peer.protocol import RecordError, keys
-from peer.protocol.limits import BUCKET_RING, MAX_DHT_VALUE_BYTES, MAX_INT
+from peer.protocol.limits import BUCKET_RING, HOLDER_RING, MAX_DHT_VALUE_BYTES, MAX_INT
 from peer.protocol.records import (
     AccessRecord,
     AdapterRecord,
@@ -53,6 +53,7 @@ from peer.protocol.records import (
     CreditRecord,
     GroupBatch,
     GroupRecord,
+    HolderRecord,
     ManifestRecord,
     MetricsRecord,
     PeerRecord,
@@ -107,15 +108,18 @@ READ_CLASSES = (
     GroupRecord,
     GroupBatch,
     BlobPointer,
+    HolderRecord,
 )
 FIELD_CLASSES = {
     keys.MANIFEST_FIELD: ManifestRecord,
     keys.PEERS_FIELD: PeerRecord,
+    keys.CORE_PEERS_FIELD: PeerRecord,
     keys.ADAPTER_FIELD: AdapterRecord,
     keys.METRICS_FIELD: MetricsRecord,
     keys.ACCESS_FIELD: AccessRecord,
     keys.CREDIT_FIELD: CreditRecord,
     **{keys.bucket_field(slot): BucketEntry for slot in range(BUCKET_RING)},
+    **{keys.holders_field(slot): HolderRecord for slot in range(HOLDER_RING)},
 }
 
 
@@ -164,7 +168,7 @@ def broken_record(validator, kind: rs.Kind, rec, value: dict, name: str, draw) -
     key, subkey, field = kind.key(RUN, rec), kind.subkey(PUB_A, rec), kind.field(rec)
     plain = record(key, subkey, value, EXPIRATION)
     if name == "wrong key":
-        other = draw(st.sampled_from([f for f in keys.schema_fields() if f != field]))
+        other = draw(st.sampled_from([f for f in keys.schema_fields() if f != field and f not in kind.also]))
         return stored(validator, keys.field_key(RUN, other), subkey, value)
     if name == "unknown key":
         unknown = st.text(min_size=1, max_size=20).filter(lambda f: f not in FIELD_CLASSES).map(lambda f: f"{RUN}_{f}")
@@ -270,10 +274,15 @@ def proper(field: str) -> tuple[dict, bytes]:
     if field.startswith(keys.BUCKET_FIELD_PREFIX):
         slot = int(field.removeprefix(keys.BUCKET_FIELD_PREFIX))
         return to_dht_value(BucketEntry.of_group(tp.group(version=slot, seq=0))), keys.group_subkey(PUB_A, slot, 0)
+    if field.startswith(keys.HOLDERS_FIELD_PREFIX):
+        slot = int(field.removeprefix(keys.HOLDERS_FIELD_PREFIX))
+        holder = HolderRecord(peer_id="QmHo", version=slot, sha256="a" * 64, size=1, created=1.0)
+        return to_dht_value(holder), keys.owner_subkey(PUB_A)
     access = AccessRecord(issuer="a" * 64, revoked=["b" * 16], created=1.0, signature="c" * 128)
     made = {
         keys.MANIFEST_FIELD: tp.manifest(run_id=RUN),
         keys.PEERS_FIELD: tp.heartbeat(),
+        keys.CORE_PEERS_FIELD: tp.heartbeat(),
         keys.ADAPTER_FIELD: tp.adapter(),
         keys.METRICS_FIELD: tp.metrics(),
         keys.ACCESS_FIELD: access,
@@ -377,6 +386,8 @@ def fuzz_grafted(tally: Counter, config: settings) -> None:
             assert parsed.dict() == value and pack(parsed) == msgpack.packb(value, use_bin_type=True)
             if kind.cls is BucketEntry:  # the validator also checks the entry against its slot and subkey
                 expected = (parsed.version, parsed.seq) == (rec.version, rec.seq)
+            if kind.cls is HolderRecord:  # and a holder against its slot
+                expected = parsed.version % HOLDER_RING == rec.version % HOLDER_RING
         accepted = mine.validate(stored(mine, kind.key(RUN, rec), kind.subkey(PUB_A, rec), value))
         assert accepted is expected, f"validator says {accepted}, reader says {parsed is not None}: {path}"
         tally["accepted" if accepted else "refused"] += 1

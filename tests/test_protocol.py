@@ -18,6 +18,7 @@ from peer.protocol import keys
 from peer.protocol.errors import KeyFormatError, ProtocolVersionError, RecordError, RecordTooLarge
 from peer.protocol.limits import (
     BUCKET_RING,
+    HOLDER_RING,
     MAX_COMPLETION_TOKENS,
     MAX_DHT_VALUE_BYTES,
     MAX_GROUP_BATCH_BYTES,
@@ -203,8 +204,10 @@ def test_key_builders_spell_every_key_once():
     assert keys.learners_key("run-1") == "run-1_learners"
     assert keys.credit_key("run-1") == "run-1_credit"
     assert keys.bucket_key("run-1", 0) == "run-1_bucket_0"
+    assert keys.core_peers_key("run-1") == "run-1_core_peers"
+    assert keys.holders_key("run-1", 17) == "run-1_holders_1" == keys.holders_key("run-1", 1)
     all_keys = [keys.field_key("r", name) for name in keys.schema_fields()]
-    assert len(set(all_keys)) == len(all_keys) == 7 + BUCKET_RING
+    assert len(set(all_keys)) == len(all_keys) == 8 + BUCKET_RING + HOLDER_RING
 
 
 def test_bucket_ring_wraps_every_bucket_ring_versions():

@@ -1,7 +1,9 @@
 """Heartbeats: every peer announces who it is, what it holds and how fast it goes, under ``{run}_peers``.
 
 A :class:`Heartbeat` thread re-stores this peer's :class:`~peer.protocol.PeerRecord` every ``interval`` seconds
-with an expiration ``ttl`` seconds ahead, under the subkey only its key can sign; a peer that dies simply stops
+with an expiration ``ttl`` seconds ahead, under the subkey only its key can sign (a learner's and the coordinator's
+also under ``{run}_core_peers``: every rollout peer looks the learners up every few seconds, and the whole table
+grows with the number of peers, so it is not read for that); a peer that dies simply stops
 refreshing and disappears within ``ttl``. On a clean stop it announces ``state="leaving"`` once (with the usual
 expiration: hivemind keeps, per subkey, the entry that expires last, so a shorter one would be ignored).
 :func:`live_peers` reads the table back, newest records only, optionally by role.
@@ -15,12 +17,21 @@ import time
 from dataclasses import dataclass
 
 from peer.log import get_logger
-from peer.protocol import PeerRecord, RecordError, from_dht_value, owner_subkey, parse_owner_subkey, peers_key
+from peer.protocol import (
+    PeerRecord,
+    RecordError,
+    core_peers_key,
+    from_dht_value,
+    owner_subkey,
+    parse_owner_subkey,
+    peers_key,
+)
 
 logger = get_logger(__name__)
 
 HEARTBEAT_INTERVAL = 10.0
 HEARTBEAT_TTL = 30.0
+CORE_ROLES = ("coordinator", "learner")  # their heartbeats also go under ``{run}_core_peers``: few, read by all
 
 
 def default_hardware() -> str:
@@ -61,6 +72,7 @@ class Heartbeat:
             name=name,  # the volunteer's --name (a PeerName: 1-32 printable characters), or None
         )
         self.also: list = []  # callables run after every beat (e.g. a learner re-storing its admission)
+        self.counters = None  # () -> stats added to every beat (e.g. the blob service's served and fetched bytes)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{role}", daemon=True)
 
@@ -75,20 +87,24 @@ class Heartbeat:
 
     def fields(self) -> dict:
         """A copy of what the next beat says (throughput, stats, ...), e.g. for a metrics scrape."""
+        counters = self.counters() if self.counters is not None else {}
         with self._lock:
-            return dict(self._fields)
+            return dict(self._fields, stats={**self._fields["stats"], **counters})
 
     def beat(self) -> bool:
+        counters = self.counters() if self.counters is not None else {}
         with self._lock:
             self._fields["last_seen"] = time.time()
-            record = PeerRecord(**self._fields)
-        return self.swarm.store(
-            peers_key(self.swarm.run_id),
+            record = PeerRecord(**dict(self._fields, stats={**self._fields["stats"], **counters}))
+        run, subkey, value, expires = (
+            self.swarm.run_id,
             owner_subkey(self.swarm.public_key),
             record.dict(),
-            time.time() + self.ttl,
-            "heartbeat",
+            time.time(),
         )
+        keys = [peers_key(run)] + ([core_peers_key(run)] if record.role in CORE_ROLES else [])
+        stored = self.swarm.store_many([(key, subkey, value, expires + self.ttl) for key in keys], "heartbeat")
+        return all(stored)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -118,9 +134,11 @@ class LivePeer:
 
 
 def live_peers(swarm, role: str | None = None, include_leaving: bool = False) -> list[LivePeer]:
-    """Peers whose heartbeat has not expired, optionally of one role, sorted by peer id."""
+    """Peers whose heartbeat has not expired, optionally of one role, sorted by peer id (learners and the
+    coordinator from the small ``{run}_core_peers`` table)."""
     out = []
-    for subkey, item in swarm.get_dict(peers_key(swarm.run_id)).items():
+    key = core_peers_key(swarm.run_id) if role in CORE_ROLES else peers_key(swarm.run_id)
+    for subkey, item in swarm.get_dict(key).items():
         try:
             owner = parse_owner_subkey(subkey)
             record = from_dht_value(PeerRecord, item.value)

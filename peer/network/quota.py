@@ -33,8 +33,10 @@ from peer.protocol.keys import (
     ACCESS_FIELD,
     ADAPTER_FIELD,
     BUCKET_FIELD_PREFIX,
+    CORE_PEERS_FIELD,
     CREDIT_FIELD,
     GROUP_SUBKEY_RE,
+    HOLDERS_FIELD_PREFIX,
     LEARNERS_FIELD,
     MANIFEST_FIELD,
     METRICS_FIELD,
@@ -51,11 +53,14 @@ MAX_TTL = {  # s: the longest life a writer of each key gives a record (the key 
     ADAPTER_FIELD: 3600.0,  # v0, announced by the host with the manifest's life; learners use 600 s
     METRICS_FIELD: 600.0,
     PEERS_FIELD: 60.0,
+    CORE_PEERS_FIELD: 60.0,
     LEARNERS_FIELD: 300.0,
     CREDIT_FIELD: 600.0,  # a learner re-stores its credit record every minute at least (peer.roles.credit)
     BUCKET_FIELD_PREFIX: 600.0,
+    HOLDERS_FIELD_PREFIX: 60.0,  # holders say so for seconds (peer.network.holders)
 }
 MAX_KEY_BYTES = 2 << 20  # values + subkeys under one key on one node: half of p2pd's 4 MiB message
+MAX_HOLDERS_KEY_BYTES = 64 << 10  # a holder slot: every fetcher reads it once per version (honest: ~10 entries)
 MAX_ENTRIES_PER_SIGNER = 256  # bucket entries of one signer under one key (honest: a few dozen per version)
 
 
@@ -72,7 +77,10 @@ class KeyQuota:
     def __init__(self, field: str, max_bytes: int = MAX_KEY_BYTES, per_signer: int = MAX_ENTRIES_PER_SIGNER):
         self.field = field
         self.bucket = field.startswith(BUCKET_FIELD_PREFIX)
-        self.max_ttl = MAX_TTL[BUCKET_FIELD_PREFIX if self.bucket else field]
+        holders = field.startswith(HOLDERS_FIELD_PREFIX)
+        self.max_ttl = MAX_TTL[BUCKET_FIELD_PREFIX if self.bucket else HOLDERS_FIELD_PREFIX if holders else field]
+        if holders:
+            max_bytes = min(max_bytes, MAX_HOLDERS_KEY_BYTES)
         self.max_bytes, self.per_signer = max_bytes, per_signer
 
     def check(self, items: dict, subkey, value: bytes, expiration: float, now: float) -> Verdict:

@@ -28,8 +28,10 @@ from peer.protocol.keys import (
     bucket_key,
     bucket_slot,
     check_run_id,
+    core_peers_key,
     credit_key,
     group_subkey,
+    holders_key,
     key_fingerprint,
     learners_key,
     manifest_key,
@@ -41,6 +43,7 @@ from peer.protocol.keys import (
 )
 from peer.protocol.limits import (
     BUCKET_RING,
+    HOLDER_RING,
     MAX_BLOB_BYTES,
     MAX_COMPLETION_TOKENS,
     MAX_DHT_VALUE_BYTES,
@@ -65,6 +68,7 @@ from peer.protocol.records import (
     Demand,
     GroupBatch,
     GroupRecord,
+    HolderRecord,
     LearnerRecord,
     ManifestRecord,
     MetricsRecord,
@@ -90,6 +94,7 @@ from peer.protocol.version import PROTOCOL_VERSION, check_protocol_version
 
 __all__ = [
     "BUCKET_RING",
+    "HOLDER_RING",
     "MAX_BLOB_BYTES",
     "MAX_COMPLETION_TOKENS",
     "MAX_DHT_VALUE_BYTES",
@@ -112,6 +117,7 @@ __all__ = [
     "CreditRecord",
     "GroupBatch",
     "GroupRecord",
+    "HolderRecord",
     "KeyFormatError",
     "LearnerRecord",
     "ManifestRecord",
@@ -132,6 +138,7 @@ __all__ = [
     "check_protocol_version",
     "check_run_id",
     "check_value_size",
+    "core_peers_key",
     "credit_key",
     "decode_floats",
     "decode_tokens",
@@ -140,6 +147,7 @@ __all__ = [
     "fits_inline",
     "from_dht_value",
     "group_subkey",
+    "holders_key",
     "key_fingerprint",
     "learners_key",
     "manifest_key",

@@ -9,12 +9,14 @@ key                    subkey                                      value
 =====================  ==========================================  ============================
 ``R_manifest``         :func:`owner_subkey` of the coordinator     ``ManifestRecord``
 ``R_peers``            :func:`owner_subkey` of each peer           ``PeerRecord`` (heartbeat)
+``R_core_peers``       :func:`owner_subkey` of learners, the host  ``PeerRecord`` (their heartbeat again)
 ``R_adapter``          :func:`owner_subkey` of each learner        ``AdapterRecord``
 ``R_metrics``          :func:`owner_subkey` of each learner        ``MetricsRecord``
 ``R_access``           :func:`owner_subkey` of the coordinator     ``AccessRecord`` (private runs)
 ``R_learners``         :func:`owner_subkey` of each learner        ``LearnerRecord`` (its admission)
 ``R_credit``           :func:`owner_subkey` of each learner        ``CreditRecord`` (credit per contributor)
 ``R_bucket_<slot>``    :func:`group_subkey` (owner, version, seq)  ``BucketEntry``
+``R_holders_<slot>``   :func:`owner_subkey` of each holder         ``HolderRecord`` (serves version v)
 =====================  ==========================================  ============================
 
 The names follow hivemind's ``SchemaValidator(schema, prefix=R)``, which maps a schema field ``f`` to the raw key
@@ -29,6 +31,11 @@ hash of each field's key). Reusing a slot is safe: bucket entries expire after t
 versions' worth of time), so an entry is long gone before its slot comes round again ``BUCKET_RING`` versions
 later. The version inside each entry is authoritative — the validator checks it maps to the slot and equals the
 subkey's — and readers filter by it.
+
+Holders of adapter version ``v`` (peers that fetched and verified it and serve it, besides the learners that
+announced it) say so under ``holders_key(R, v)`` = ``R_holders_{v % HOLDER_RING}``, one entry per holder (its owner
+subkey: a peer's entry in a slot is replaced when it holds version ``v + HOLDER_RING``). Entries live
+seconds (``peer.network.holders``), so a slot holds the few newest versions that map to it.
 
 Subkeys and ownership
 ---------------------
@@ -45,16 +52,18 @@ import hashlib
 import re
 
 from peer.protocol.errors import KeyFormatError
-from peer.protocol.limits import BUCKET_RING, MAX_INT, MAX_OWNER_KEY_BYTES, MAX_RUN_ID_LEN, RUN_ID_PATTERN
+from peer.protocol.limits import BUCKET_RING, HOLDER_RING, MAX_INT, MAX_OWNER_KEY_BYTES, MAX_RUN_ID_LEN, RUN_ID_PATTERN
 
 MANIFEST_FIELD = "manifest"
 PEERS_FIELD = "peers"
+CORE_PEERS_FIELD = "core_peers"
 ADAPTER_FIELD = "adapter"
 METRICS_FIELD = "metrics"
 ACCESS_FIELD = "access"
 LEARNERS_FIELD = "learners"
 CREDIT_FIELD = "credit"
 BUCKET_FIELD_PREFIX = "bucket_"
+HOLDERS_FIELD_PREFIX = "holders_"
 
 OWNER_PREFIX = b"[owner:"
 OWNER_SUFFIX = b"]"
@@ -89,17 +98,29 @@ def bucket_field(slot: int) -> str:
     return f"{BUCKET_FIELD_PREFIX}{slot}"
 
 
+def holders_field(slot: int) -> str:
+    """The schema field name of holder slot ``slot`` (``holders_<slot>``)."""
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < HOLDER_RING:
+        raise KeyFormatError(f"holder slot must be an int in [0, {HOLDER_RING}), got {slot!r}.")
+    return f"{HOLDERS_FIELD_PREFIX}{slot}"
+
+
 def schema_fields() -> tuple[str, ...]:
     """Every field name of the run schema, in key-table order; key ``R_<field>`` exists for each."""
     return (
-        MANIFEST_FIELD,
-        PEERS_FIELD,
-        ADAPTER_FIELD,
-        METRICS_FIELD,
-        ACCESS_FIELD,
-        LEARNERS_FIELD,
-        CREDIT_FIELD,
-    ) + tuple(bucket_field(slot) for slot in range(BUCKET_RING))
+        (
+            MANIFEST_FIELD,
+            PEERS_FIELD,
+            CORE_PEERS_FIELD,
+            ADAPTER_FIELD,
+            METRICS_FIELD,
+            ACCESS_FIELD,
+            LEARNERS_FIELD,
+            CREDIT_FIELD,
+        )
+        + tuple(bucket_field(slot) for slot in range(BUCKET_RING))
+        + tuple(holders_field(s) for s in range(HOLDER_RING))
+    )
 
 
 def field_key(run_id: str, field: str) -> str:
@@ -115,6 +136,12 @@ def manifest_key(run_id: str) -> str:
 def peers_key(run_id: str) -> str:
     """Key of the heartbeats, one owner subkey per peer."""
     return field_key(run_id, PEERS_FIELD)
+
+
+def core_peers_key(run_id: str) -> str:
+    """Key of the learners' and the coordinator's heartbeats again (also under ``peers_key``): the few peers every
+    rollout peer looks up, readable without reading every peer's heartbeat."""
+    return field_key(run_id, CORE_PEERS_FIELD)
 
 
 def adapter_key(run_id: str) -> str:
@@ -152,6 +179,12 @@ def bucket_slot(version: int) -> int:
 def bucket_key(run_id: str, version: int) -> str:
     """Key of the bucket holding groups sampled with adapter ``version``: ``{run}_bucket_{version % BUCKET_RING}``."""
     return field_key(run_id, bucket_field(bucket_slot(version)))
+
+
+def holders_key(run_id: str, version: int) -> str:
+    """Key of the peers that hold adapter ``version`` and serve it: ``{run}_holders_{version % HOLDER_RING}``."""
+    _check_number(version, "version")
+    return field_key(run_id, holders_field(version % HOLDER_RING))
 
 
 def owner_subkey(owner_public_key: bytes) -> bytes:

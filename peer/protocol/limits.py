@@ -24,6 +24,7 @@ process through a non-blocking pipe, and a value over about 64 KB kills that pro
 * :data:`MAX_RUN_ID_LEN` / :data:`RUN_ID_PATTERN` — run ids are 1-64 characters of ``[A-Za-z0-9_-]``: they
   become DHT key prefixes and directory names, so nothing that needs quoting.
 * :data:`BUCKET_RING` — the number of bucket keys per run (see :mod:`peer.protocol.keys`).
+* :data:`HOLDER_RING` — the number of holder keys per run (who serves an adapter version besides its announcers).
 * :data:`MAX_MODEL_FILES` / :data:`MAX_PATH_CHARS` — files in the manifest's base model / each file's path.
 * :data:`MAX_JSON_CHARS` — each JSON document in the manifest (task config, GRPO and LoRA hyperparameters).
 * :data:`MAX_PEER_ID_CHARS`, :data:`MAX_MADDRS`, :data:`MAX_MADDR_CHARS`, :data:`MAX_STATS`, :data:`MAX_NAME_CHARS`,
@@ -58,6 +59,7 @@ MAX_PROVIDERS = 32
 MAX_RUN_ID_LEN = 64
 RUN_ID_PATTERN = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_RUN_ID_LEN}}}\Z")
 BUCKET_RING = 64
+HOLDER_RING = 16
 MAX_MODEL_FILES = 64
 MAX_JSON_CHARS = 4096
 MAX_PEER_ID_CHARS = 128

@@ -357,6 +357,18 @@ class AdapterRecord(_Record):
         return values
 
 
+class HolderRecord(_Record):
+    """A peer that fetched adapter ``version`` (``sha256``, ``size`` bytes), verified it, and serves it: a fetcher
+    asks such holders before the announcing learners (docs/blobs.md, "Spreading adapters"). A claim anyone can make:
+    a fetcher checks the bytes' sha256 as from any provider, and tries a bounded number of holders."""
+
+    peer_id: PeerId
+    version: Count
+    sha256: Sha256
+    size: BlobSize
+    created: Timestamp
+
+
 # ---------------------------------------------------------------------------------------------------- groups
 
 

@@ -13,9 +13,10 @@
    anything a remote peer can send (a list subkey made hivemind's raise "unhashable type").
 
 On top of the schemas, bucket slots check that an entry's version maps to the slot (``version % BUCKET_RING``) and
-that the subkey's ``<version>.<seq>`` equals the entry's. Single-entry keys (manifest, peers, adapter, metrics,
-access, learners, credit) take exactly ``[owner:KEY]`` as subkey. A value stored without a subkey under a run key is
-refused too.
+that the subkey's ``<version>.<seq>`` equals the entry's; holder slots that an entry's version maps to the slot
+(``version % HOLDER_RING``). Single-entry keys (manifest, peers, core peers, adapter, metrics, access, learners,
+credit, holders) take exactly ``[owner:KEY]`` as subkey. A value stored without a subkey under a run key is refused
+too.
 
 What the validators cannot check, readers must: that a heartbeat's ``peer_id`` is the signer's (the DHT's RSA key
 is not the libp2p identity), that a manifest comes from the coordinator's key and names this run, time-dependent
@@ -42,22 +43,26 @@ from peer.protocol.keys import (
     ACCESS_FIELD,
     ADAPTER_FIELD,
     BUCKET_FIELD_PREFIX,
+    CORE_PEERS_FIELD,
     CREDIT_FIELD,
+    HOLDERS_FIELD_PREFIX,
     LEARNERS_FIELD,
     MANIFEST_FIELD,
     METRICS_FIELD,
     PEERS_FIELD,
     bucket_field,
     check_run_id,
+    holders_field,
     parse_group_subkey,
     parse_owner_subkey,
 )
-from peer.protocol.limits import BUCKET_RING
+from peer.protocol.limits import BUCKET_RING, HOLDER_RING
 from peer.protocol.records import (
     AccessRecord,
     AdapterRecord,
     BucketEntry,
     CreditRecord,
+    HolderRecord,
     LearnerRecord,
     ManifestRecord,
     MetricsRecord,
@@ -114,6 +119,17 @@ def _check_bucket(cls, value: dict[bytes, BucketEntry] | None, field: Any) -> di
     return value
 
 
+def _check_holders(cls, value: dict[bytes, HolderRecord] | None, field: Any) -> dict[bytes, HolderRecord] | None:
+    """Each entry of slot ``holders_<slot>`` is of a version with ``version % HOLDER_RING == slot``."""
+    if value is None:
+        return value
+    slot = int(field.name.removeprefix(HOLDERS_FIELD_PREFIX))
+    for entry in value.values():
+        if entry.version % HOLDER_RING != slot:
+            raise ValueError(f"a holder of version {entry.version} belongs in slot {entry.version % HOLDER_RING}")
+    return value
+
+
 class _TotalRSASignatureValidator(RSASignatureValidator):
     """hivemind's ``RSASignatureValidator`` that refuses, instead of raising on, an ``[owner:...]`` marker around
     something that is not an RSA public key (``ValueError: Invalid line format``): a remote peer can send one."""
@@ -131,21 +147,27 @@ class _RunSchemaConfig(pydantic.BaseConfig):
 
 
 _BUCKET_FIELDS = tuple(bucket_field(slot) for slot in range(BUCKET_RING))
+_HOLDER_FIELDS = tuple(holders_field(slot) for slot in range(HOLDER_RING))
 
 RunSchema = pydantic.create_model(
     "RunSchema",
     __config__=_RunSchemaConfig,
     __module__=__name__,
-    __validators__={"_check_bucket": pydantic.validator(*_BUCKET_FIELDS, allow_reuse=True)(_check_bucket)},
+    __validators__={
+        "_check_bucket": pydantic.validator(*_BUCKET_FIELDS, allow_reuse=True)(_check_bucket),
+        "_check_holders": pydantic.validator(*_HOLDER_FIELDS, allow_reuse=True)(_check_holders),
+    },
     **{
         MANIFEST_FIELD: (dict[OwnerSubkey, ManifestRecord] | None, None),
         PEERS_FIELD: (dict[OwnerSubkey, PeerRecord] | None, None),
+        CORE_PEERS_FIELD: (dict[OwnerSubkey, PeerRecord] | None, None),
         ADAPTER_FIELD: (dict[OwnerSubkey, AdapterRecord] | None, None),
         METRICS_FIELD: (dict[OwnerSubkey, MetricsRecord] | None, None),
         ACCESS_FIELD: (dict[OwnerSubkey, AccessRecord] | None, None),
         LEARNERS_FIELD: (dict[OwnerSubkey, LearnerRecord] | None, None),
         CREDIT_FIELD: (dict[OwnerSubkey, CreditRecord] | None, None),
         **{name: (dict[GroupSubkey, BucketEntry] | None, None) for name in _BUCKET_FIELDS},
+        **{name: (dict[OwnerSubkey, HolderRecord] | None, None) for name in _HOLDER_FIELDS},
     },
 )
 RunSchema.__doc__ = "Every key of a run (field ``f`` is key ``{run_id}_f``) and the dictionary value it holds."

@@ -376,7 +376,8 @@ def heartbeat_names(swarm) -> dict[str, str]:
 class CreditPublisher:
     """Publishes a learner's :class:`CreditTable` from a thread: looks every ``every`` seconds, stores the record
     when the table changed (names from the heartbeats included) or ``refresh`` seconds went by; never on the
-    learner's loop."""
+    learner's loop. Names are read from the heartbeats (a table that grows with the number of peers) once per
+    ``refresh`` only."""
 
     def __init__(
         self,
@@ -393,6 +394,7 @@ class CreditPublisher:
         self.published = 0
         self.failures = 0
         self._stored_at = -float("inf")
+        self._named_at = -float("inf")  # names are read from every peer's heartbeat: once per refresh at most
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="credit-publisher", daemon=True)
 
@@ -404,7 +406,9 @@ class CreditPublisher:
         """Store the record now if it changed (or ``force``, or it is due for a refresh); True if stored."""
         if not len(self.table):
             return False
-        self.table.set_names(heartbeat_names(self.swarm))
+        if force or time.monotonic() - self._named_at >= self.refresh:
+            self._named_at = time.monotonic()
+            self.table.set_names(heartbeat_names(self.swarm))
         if not (force or self.table.changed or time.monotonic() - self._stored_at >= self.refresh):
             return False
         record = self.table.record(str(self.swarm.peer_id), max(0, self.version()))
