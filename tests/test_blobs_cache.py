@@ -215,6 +215,12 @@ def test_wire_validation():
     with pytest.raises(ProtocolError):
         BlobResponse.from_wire({"ok": 1, "size": 5, "length": 5})
     assert len(BlobResponse(ok=False, error="x" * 10_000).to_wire()["error"]) < 1000
+    refusal = BlobResponse(ok=False, error="seeded", hints=("QmA", "QmB"))
+    assert BlobResponse.from_wire(refusal.to_wire()) == refusal
+    assert "hints" not in BlobResponse(ok=True).to_wire()  # what an older reader sees is unchanged
+    for hints in ("QmA", ["QmA"] * 5, ["Qm0"], [""], [7], ["x" * 129]):
+        with pytest.raises(ProtocolError, match="hints"):
+            BlobResponse.from_wire({"ok": False, "error": "busy", "hints": hints})
 
 
 def _reader(data: bytes) -> asyncio.StreamReader:

@@ -49,7 +49,12 @@ def attempt_deadline(size: int, timeout: float) -> float:
 
 
 class ProviderFailed(Exception):
-    """One provider could not deliver; the message is the reason shown to the user."""
+    """One provider could not deliver; the message is the reason shown to the user; ``hints``: peers it named as
+    holding the blob (see ``BlobResponse``)."""
+
+    def __init__(self, message: str, hints: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.hints = hints
 
 
 async def fetch_blob(
@@ -93,6 +98,8 @@ async def fetch_blob(
     order = order[:MAX_PROVIDERS_TRIED]
     deadline = attempt_deadline(size, timeout)
     failures: list[str] = []
+    reasons: dict[str, str] = {}
+    hints: list[str] = []
     for peer in order:
         try:
             with cache.incoming(sha256, size) as pending:
@@ -110,6 +117,7 @@ async def fetch_blob(
                 path = pending.commit()
         except ProviderFailed as e:
             reason = str(e)
+            hints += e.hints
         except BlobCorrupt as e:
             reason = f"sent bytes that do not match: {e}"
         except TimeoutError:
@@ -125,13 +133,16 @@ async def fetch_blob(
             return path
         logger.warning(f"provider {peer} failed to deliver blob {sha256[:12]}…: {reason}")
         failures.append(f"{_short(peer)} {reason}")
+        reasons[peer.to_base58()] = reason
     if not order:
         detail = "no provider other than this peer is known"
     else:
         detail = "; ".join(failures)
     raise BlobUnavailable(
         f"Could not fetch blob {sha256[:12]}… ({_mib(size)}) from any of {len(order)} provider(s): {detail}; "
-        "check that those peers are online and still hold it, retry later, or place the file in the local cache."
+        "check that those peers are online and still hold it, retry later, or place the file in the local cache.",
+        reasons,
+        hints,
     )
 
 
@@ -183,7 +194,7 @@ async def _receive(
         await asyncio.wait_for(writer.drain(), timeout)
         response = BlobResponse.from_wire(await asyncio.wait_for(read_header(reader), timeout))
         if not response.ok:
-            raise ProviderFailed(f"answered: {response.error or 'error without a reason'}")
+            raise ProviderFailed(f"answered: {response.error or 'error without a reason'}", response.hints)
         if whole_size is not None and response.size != whole_size:
             raise ProviderFailed(f"announced a blob of {response.size} bytes where {whole_size} were expected")
         if request.length is not None and response.length != request.length:

@@ -36,7 +36,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from peer.log import get_logger
 from peer.network.blobs_cache import BlobCache
 from peer.network.blobs_fetch import DEFAULT_TIMEOUT, Progress, fetch_blob
-from peer.network.blobs_server import MAX_STREAMS, Authorize, BlobServer, ChunkTransform, allow_all
+from peer.network.blobs_server import MAX_STREAMS, Authorize, BlobServer, ChunkTransform, Seeding, allow_all
 
 logger = get_logger(__name__)
 T = TypeVar("T")
@@ -59,6 +59,11 @@ class BlobService:
     :param transform: fault injection for tests and benchmarks only (see ``BlobServer``)
     :param max_streams: requests served at once (see ``BlobServer`` for the other limits, per peer and per stream)
     :param start_timeout: seconds to wait for the replica and the handler registration
+    :param max_upload: bytes/s the server sends at most, all streams together (None: no limit; see ``BlobServer``)
+
+    :attr:`seeding` (see :class:`~peer.network.blobs_server.Seeding`): a learner marks its new adapter versions
+    there. :attr:`fetched_bytes` counts the bytes received from other peers (refused and cut transfers too) and
+    :attr:`served_bytes` the bytes sent: a peer's heartbeat reports both.
     """
 
     def __init__(
@@ -72,8 +77,11 @@ class BlobService:
         max_streams: int = MAX_STREAMS,
         start_timeout: float = 30.0,
         access=None,
+        max_upload: float | None = None,
     ):
         self.cache = cache
+        self.seeding = Seeding()
+        self.fetched_bytes = 0
         self.invite = None if access is None else access.invite.token
         if access is not None:
             authorize = lambda peer_id, invite: access.check(invite)  # noqa: E731
@@ -88,7 +96,15 @@ class BlobService:
             daemon_maddr = dht.run_coroutine(_daemon_listen_maddr)
             self.p2p = self._call(P2P.replicate(daemon_maddr), start_timeout)
             if serve:
-                server = BlobServer(self.p2p, cache, authorize=authorize, transform=transform, max_streams=max_streams)
+                server = BlobServer(
+                    self.p2p,
+                    cache,
+                    authorize=authorize,
+                    transform=transform,
+                    max_streams=max_streams,
+                    seeding=self.seeding,
+                    max_upload=max_upload,
+                )
                 self._call(server.start(), start_timeout)
                 self.server = server
         except BaseException:
@@ -98,6 +114,14 @@ class BlobService:
     @property
     def peer_id(self) -> PeerID:
         return self.p2p.peer_id
+
+    @property
+    def served_bytes(self) -> int:
+        return 0 if self.server is None else self.server.stats.bytes_sent
+
+    def counters(self) -> dict[str, float]:
+        """What a heartbeat reports of this peer's blob traffic (cumulative bytes)."""
+        return {"served_bytes": float(self.served_bytes), "fetched_bytes": float(self.fetched_bytes)}
 
     def fetch(
         self,
@@ -140,6 +164,7 @@ class BlobService:
         key = (sha256, size)
         task = self._inflight.get(key)
         if task is None:
+            progress = self._counting(progress)
             task = asyncio.ensure_future(
                 fetch_blob(
                     self.p2p,
@@ -156,6 +181,20 @@ class BlobService:
             self._inflight[key] = task
             task.add_done_callback(lambda _: self._inflight.pop(key, None))
         return await asyncio.shield(task)
+
+    def _counting(self, progress: Progress | None) -> Progress:
+        """``progress`` (or nothing) that also adds the bytes received to :attr:`fetched_bytes` (``done`` restarts
+        at 0 with each provider)."""
+        last = 0
+
+        def count(done: int, total: int) -> None:
+            nonlocal last
+            self.fetched_bytes += done - last if done >= last else done
+            last = done
+            if progress is not None:
+                progress(done, total)
+
+        return count
 
     async def _aclose(self) -> None:
         for task in list(self._inflight.values()):

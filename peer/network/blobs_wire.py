@@ -4,7 +4,8 @@ Every frame is a 4-byte big-endian length followed by that many bytes: p2pd does
 (``write_eof``) through to the other side, so the receiver must know where the data ends.
 
     client -> server   header frame: msgpack {"sha256": hex, "offset": int, "length": int | None}
-    server -> client   header frame: msgpack {"ok": bool, "size": int, "length": int, "error": str | None}
+    server -> client   header frame: msgpack {"ok": bool, "size": int, "length": int, "error": str | None,
+                                              "hints": [peer id, ...] (optional)}
                        then, if ok, data frames of at most MAX_CHUNK bytes (CHUNK_SIZE by default)
                        then one zero-length frame: the end of the data
 
@@ -30,6 +31,8 @@ MAX_CHUNK = 4 << 20
 MAX_HEADER = 4096
 MAX_REQUEST = 1024  # a request header: a sha256, two integers and an invite of at most MAX_INVITE_CHARS (~640 B)
 MAX_ERROR_CHARS = 300
+MAX_HINTS = 4  # peer ids a refusal may name as holding the blob (whom this server gave it lately)
+_BASE58 = frozenset("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
 _LEN = 4
 _ORDER = "big"
 END = (0).to_bytes(_LEN, _ORDER)
@@ -66,14 +69,21 @@ class BlobRequest:
 
 @dataclass(frozen=True)
 class BlobResponse:
+    """``hints``: with a refusal ("seeded", "busy"), peers this server gave the blob to lately (they may serve it);
+    a reader that does not know the field ignores it."""
+
     ok: bool
     size: int = 0
     length: int = 0
     error: str | None = None
+    hints: tuple[str, ...] = ()
 
     def to_wire(self) -> dict:
         error = None if self.error is None else self.error[:MAX_ERROR_CHARS]
-        return {"ok": self.ok, "size": self.size, "length": self.length, "error": error}
+        wire = {"ok": self.ok, "size": self.size, "length": self.length, "error": error}
+        if self.hints:
+            wire["hints"] = list(self.hints[:MAX_HINTS])
+        return wire
 
     @classmethod
     def from_wire(cls, obj: dict) -> BlobResponse:
@@ -82,7 +92,14 @@ class BlobResponse:
             raise ProtocolError(f"malformed response header {obj!r:.200}")
         if error is not None and not isinstance(error, str):
             raise ProtocolError(f"malformed error in response header {error!r:.80}")
-        return cls(ok, size, length, None if error is None else error[:MAX_ERROR_CHARS])
+        hints = obj.get("hints", [])
+        if not isinstance(hints, list) or len(hints) > MAX_HINTS or not all(_is_peer_id(h) for h in hints):
+            raise ProtocolError(f"malformed hints in response header {hints!r:.120}")
+        return cls(ok, size, length, None if error is None else error[:MAX_ERROR_CHARS], tuple(hints))
+
+
+def _is_peer_id(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 128 and set(value) <= _BASE58
 
 
 def _is_count(value: object) -> bool:

@@ -12,9 +12,13 @@ Only admitted learners write the lineage (:mod:`peer.network.admission`): :func:
 version whose blob fails to load or check is *refused* (:meth:`AdapterFollower.refuse`): remembered by sha256,
 logged once, never fetched again; the peer goes on with what it holds.
 
-An adapter is fetched from the peers that announced it first, then from any other live peer of the run
-(:func:`fetch_adapter`): every peer keeps the versions it followed in its blob cache and serves them, so a version
-outlives the learner that made it (a learner killed and restarted, or a rollout peer joining meanwhile, finds it).
+An adapter is fetched from the peers that list themselves as its holders first (:mod:`peer.network.holders`), then
+from the learners that announced it, then from any other live peer of the run (:func:`fetch_adapter`). A learner
+serves a new version to a couple of peers only (:class:`~peer.network.blobs_server.Seeding`), and every peer that
+fetched it serves it and, while few are listed, says so (:func:`fetch_version`): the learner's upload per version
+stays about two adapters whatever the number of peers (docs/blobs.md, "Spreading adapters"). Every peer keeps the
+versions it followed in its blob cache and serves them, so a version outlives the learner that made it (a learner
+killed and restarted, or a rollout peer joining meanwhile, finds it).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 
 from peer.errors import UserError
 from peer.log import get_logger
+from peer.network.holders import HOLDERS_WANTED, BadHolders, advertise, read_holders
 from peer.protocol import (
     MAX_PROVIDERS,
     AdapterRecord,
@@ -42,6 +47,12 @@ from peer.protocol import (
 
 logger = get_logger(__name__)
 
+HOLDERS_TRIED = 4  # listed holders one round of a fetch asks (then the announcers)
+MAX_HINTED = 16  # peers named by refusals that a fetch keeps to ask
+HOLDER_TIMEOUT = 5.0  # s a round's providers may stay silent (a made-up holder must not hold a fetch for long)
+RETRY_EVERY = 0.1  # s before the second round while providers answer "seeded" or "busy"; doubling, jittered, to 1 s
+PATIENCE = 5.0  # s a fetch keeps trying rounds: past the learner's seeding grace (3 s), it serves anyone
+MAX_POLL = 2.0  # s between two reads of the announcements at most, when versions come slowly (see poll_every)
 REDEMAND_EVERY = 2.0  # s between a waiting learner's re-announcements of its version (a fresh demand: alive)
 
 
@@ -57,11 +68,16 @@ def announce_adapter(
     ttl: float = ANNOUNCEMENT_TTL,
     ancestors=(),
     demand: Demand | None = None,
+    exempt: Sequence[str] | None = None,
 ) -> AdapterRecord:
     """Serve ``blob`` from this peer's cache and announce it as adapter ``version`` under this peer's subkey;
     ``ancestors``: the sha256 of the versions before it, newest first (the parent first), as far as known;
-    ``demand``: what this learner consumes (rollout peers pace to it)."""
+    ``demand``: what this learner consumes (rollout peers pace to it). The blob is *seeded*: served to a couple
+    of peers, then to the peers ``exempt`` names (the run's other learners) and, for a few seconds, nobody else
+    (see :class:`~peer.network.blobs_server.Seeding`)."""
     sha = blobs.cache.put_bytes(blob)
+    if getattr(blobs, "seeding", None) is not None:
+        blobs.seeding.seed(sha, exempt)
     record = AdapterRecord(
         version=version,
         sha256=sha,
@@ -173,6 +189,12 @@ def newest_announcement(
     )
 
 
+def _retry_later(reason: str) -> bool:
+    """A provider that may deliver if asked again soon: it seeds the blob to others first, its slots are full, or it
+    does not have the blob yet (a holder named a moment before it stored it)."""
+    return reason.startswith(("answered: seeded", "answered: busy", "answered: does not have"))
+
+
 def fetch_adapter(
     blobs,
     sha256: str,
@@ -181,10 +203,26 @@ def fetch_adapter(
     others: Callable[[], Sequence] | None,
     timeout: float,
     progress=None,
+    *,
+    holders: Callable[[], Sequence[str]] | None = None,
+    bad=None,
+    patience: float = PATIENCE,
+    clock=time.monotonic,
+    sleep=time.sleep,
 ) -> bytes:
-    """The bytes of adapter ``sha256``: from the peers that announced it (in random order), then from the peers
-    ``others()`` names (PeerIDs: the run's live peers), which are asked only when no announcer delivered.
-    ``progress(done, total)`` is called as bytes arrive (``done`` restarts at 0 with each provider).
+    """The bytes of adapter ``sha256``.
+
+    In rounds: up to ``HOLDERS_TRIED`` holders — first the peers earlier refusals named as having it (a server
+    that answers "seeded" or "busy" names whom it gave the blob to lately: the spread grows like a tree without a
+    DHT record per holder), then those ``holders()`` lists (base58 ids, in random order) — then the peers that
+    announced it (in random order). While some provider answers "seeded" or "busy" (a learner sends a
+    new version to a couple of peers first), ``holders()`` is read again after ``RETRY_EVERY`` seconds, doubling
+    to 1 s with ±50 % jitter (all of a swarm's fetchers read the same holders key at once), for up to ``patience``
+    seconds. In these rounds a provider may stay silent ``HOLDER_TIMEOUT`` seconds at most. A
+    provider that failed otherwise is not asked again, and a holder that failed is added to ``bad`` (a
+    :class:`~peer.network.holders.BadHolders`: not asked for a while, by any fetch). Then the peers ``others()``
+    names (PeerIDs: the run's live peers). ``progress(done, total)`` is called as bytes arrive (``done`` restarts
+    at 0 with each provider).
 
     :raises BlobUnavailable: nobody delivered; the message says what each provider did.
     """
@@ -192,17 +230,95 @@ def fetch_adapter(
 
     from peer.network.blobs import BlobUnavailable
 
-    first = [PeerID.from_base58(p) for p in announced]
-    random.shuffle(first)
-    try:
-        return blobs.fetch(sha256, size, first, progress=progress, timeout=timeout, shuffle=False).read_bytes()
-    except BlobUnavailable as e:
-        rest = [p for p in (others() if others is not None else []) if p not in first]
-        if not rest:
-            raise
-        logger.info("no announcer delivered adapter %s… (%s); asking %d other peer(s)", sha256[:12], e, len(rest))
-        random.shuffle(rest)
-        return blobs.fetch(sha256, size, rest, progress=progress, timeout=timeout, shuffle=False).read_bytes()
+    failed: set[str] = set()
+    hinted: list[str] = []  # peers the refusals named as holding it: asked first
+    deadline = clock() + patience
+    wait = RETRY_EVERY
+    while True:
+        listed = [
+            h
+            for h in (holders() if holders is not None else ())
+            if h not in failed and h not in announced and (bad is None or h not in bad)
+        ]
+        random.shuffle(listed)
+        usable = [h for h in hinted if h not in failed and h not in announced and (bad is None or h not in bad)]
+        listed = list(dict.fromkeys(usable + listed))
+        first = [p for p in announced if p not in failed]
+        random.shuffle(first)
+        asked = listed[:HOLDERS_TRIED]
+        order = [PeerID.from_base58(p) for p in asked + first]
+        if not order:
+            break
+        try:
+            return blobs.fetch(
+                sha256, size, order, progress=progress, timeout=min(timeout, HOLDER_TIMEOUT), shuffle=False
+            ).read_bytes()
+        except BlobUnavailable as e:
+            failure = e
+            hinted = list(dict.fromkeys(e.hints + hinted))[:MAX_HINTED]
+            later = {p for p, why in e.reasons.items() if _retry_later(why)}
+            failed |= set(e.reasons) - later
+            if bad is not None:
+                bad.add(p for p in asked if p in failed)
+            if not later or clock() >= deadline:
+                break
+        sleep(wait * random.uniform(0.5, 1.5))
+        wait = min(1.0, 2 * wait)
+    tried = set(announced) | failed
+    rest = [p for p in (others() if others is not None else []) if p.to_base58() not in tried]
+    if not rest:
+        if "failure" in locals():
+            raise failure
+        raise BlobUnavailable(f"Could not fetch adapter {sha256[:12]}…: no peer is known to serve it; retry later.")
+    logger.info("no holder or announcer delivered adapter %s…; asking %d other peer(s)", sha256[:12], len(rest))
+    random.shuffle(rest)
+    return blobs.fetch(sha256, size, rest, progress=progress, timeout=timeout, shuffle=False).read_bytes()
+
+
+def serves(swarm, blobs) -> bool:
+    """Whether other peers can fetch blobs from this one (it runs a blob server and is not in client mode)."""
+    return getattr(blobs, "server", None) is not None and not getattr(swarm.config, "client_mode", False)
+
+
+def fetch_version(
+    swarm,
+    blobs,
+    found: Announcement,
+    others: Callable[[], Sequence] | None,
+    timeout: float,
+    progress=None,
+    bad=None,
+    *,
+    list_self: bool = True,
+) -> tuple[bytes, int]:
+    """:func:`fetch_adapter` of an announced version, its listed holders first (``bad``: see there); the blob, and
+    how many holders were listed when it came. With ``list_self``, this peer then lists itself (:func:`say_held`)."""
+    listed: list[str] = []
+
+    def holders() -> list[str]:
+        try:
+            listed[:] = read_holders(swarm, found.version, found.sha256, found.size)
+        except Exception as e:  # the network boundary: fetch from the announcers then
+            logger.debug("could not read the holders of v%d: %s", found.version, e)
+        return listed
+
+    blob = fetch_adapter(
+        blobs, found.sha256, found.size, found.providers, others, timeout, progress, holders=holders, bad=bad
+    )
+    if getattr(blobs, "seeding", None) is not None:
+        blobs.seeding.pass_on(found.sha256)  # served to a couple of peers at a time (see Seeding)
+    if list_self:
+        say_held(swarm, blobs, found, len(listed))
+    return blob, len(listed)
+
+
+def say_held(swarm, blobs, found: Announcement, listed: int) -> None:
+    """List this peer as a holder of ``found`` if it serves blobs and fewer than ``HOLDERS_WANTED`` were listed."""
+    if serves(swarm, blobs) and listed < HOLDERS_WANTED:
+        try:
+            advertise(swarm, found.version, found.sha256, found.size)
+        except Exception as e:  # the network boundary: the version still spreads from the others
+            logger.debug("could not say this peer holds v%d: %s", found.version, e)
 
 
 class Received:
@@ -248,6 +364,7 @@ class AdapterFollower:
         self.refused: dict[str, str] = {}  # sha256 of versions refused -> why (bounded)
         self.check = check  # blob -> None if this model can load it, else why not
         self.interval = interval
+        self.version_interval = 0.0  # s between versions, a moving average of what was announced (0: not known)
         self.fetch_timeout = fetch_timeout
         self.held_version = held_version
         self.held_sha = held_sha  # what this peer holds at held_version ("" : unknown, no descent check)
@@ -256,7 +373,9 @@ class AdapterFollower:
         self.demand_seen = 0.0  # monotonic time the newest version (or its latest re-announcement) came here
         self._demand_of: tuple[int, str, float] | None = None
         self.received = Received()  # adapter bytes fetched over the network
+        self.bad = BadHolders()  # holders that failed this peer lately
         self.fetches = 0  # adapter versions fetched
+        self.fetched_at: tuple[int, float] = (-1, 0.0)  # (version, wall time) of the newest fetch made ready
         self._ready: tuple[Announcement, bytes] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -315,6 +434,9 @@ class AdapterFollower:
         if found.version <= known:
             return
         if self.latest_seen is None or self.latest_seen.version < found.version:
+            if self.latest_seen is not None and found.created > self.latest_seen.created:
+                gap = (found.created - self.latest_seen.created) / (found.version - self.latest_seen.version)
+                self.version_interval = gap if not self.version_interval else 0.8 * self.version_interval + 0.2 * gap
             self.latest_seen = found
             logger.debug(  # once per version: a rollout peer's progress line says which it holds
                 "adapter version %d announced (%s…, %d announcer(s))",
@@ -323,8 +445,8 @@ class AdapterFollower:
                 found.announcers,
             )
         self.received.next_transfer()
-        blob = fetch_adapter(
-            self.blobs, found.sha256, found.size, found.providers, self.others, self.fetch_timeout, self.received
+        blob, listed = fetch_version(
+            self.swarm, self.blobs, found, self.others, self.fetch_timeout, self.received, self.bad, list_self=False
         )
         self.fetches += 1
         if self.check is not None and (why := self.check(blob)) is not None:
@@ -333,7 +455,9 @@ class AdapterFollower:
         with self._lock:
             if found.version > self._newest_known():
                 self._ready = (found, blob)
+                self.fetched_at = (found.version, time.time())
         self._wake.set()
+        say_held(self.swarm, self.blobs, found, listed)  # after the sampler has it: this store takes a while
 
     def _newest_known(self) -> int:
         """The newest version held or waiting to be taken (call with the lock held)."""
@@ -346,4 +470,10 @@ class AdapterFollower:
             except Exception as e:  # the network boundary: a bad announcement or a failed fetch; try again
                 logger.warning("could not follow the newest adapter: %s", e)
                 self._stop.wait(min(5.0, 4 * self.interval))
-            self._stop.wait(self.interval)
+            self._stop.wait(self.poll_every())
+
+    def poll_every(self) -> float:
+        """Seconds until the next read of the announcements: ``interval``, or a quarter of the time between versions
+        when that is longer (at most ``MAX_POLL``). Every peer reads the same key, so its nodes serve N reads per
+        poll; with slow versions (a real model's) fewer reads cost a version at most a quarter of its interval."""
+        return max(self.interval, min(MAX_POLL, self.version_interval / 4))

@@ -40,6 +40,7 @@ from peer.errors import UserError
 from peer.log import get_logger
 from peer.model.adapter import adapter_to_bytes, lora_parameters, sha256_hex
 from peer.model.peft_folder import base_model_name
+from peer.network.heartbeat import Reachable
 from peer.network.swarm import NetworkConfig
 from peer.protocol import (
     Demand,
@@ -100,6 +101,7 @@ class LearnerConfig:
     micro_batch_tokens: int | None = None  # tokens per forward/backward (the same update); None: the whole batch
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
     name: str | None = None  # this peer's --name in its heartbeat (status shows it)
+    max_upload: float | None = None  # bytes/s its blob server sends at most (--max-upload); None: no limit
     metrics_port: int | None = None  # serve Prometheus metrics at http://metrics_host:PORT/metrics (0: any free port)
     metrics_host: str = "127.0.0.1"  # the address the metrics are served on
 
@@ -195,7 +197,8 @@ class LearnerPeer:
         self.store = DHTBucketStore(s.swarm, s.blobs, network_every=NETWORK_EVERY, fetch_workers=FETCH_WORKERS)
         self._closers.add(self.store.close)
         self._closers.add(self.stop_fetcher)
-        self.announcer = Announcer(s.swarm, s.blobs, lineage=lambda: self.intake.known)
+        learners = Reachable(s.swarm, "learner", admitted=s.admitted)  # served new versions at once (not seeded)
+        self.announcer = Announcer(s.swarm, s.blobs, lineage=lambda: self.intake.known, exempt=learners)
         self._closers.add(self.announcer.close)
         self.credit_publisher = CreditPublisher(s.swarm, self.credit, lambda: self.session.version).start()
         self._closers.add(self.credit_publisher.close)
@@ -587,7 +590,9 @@ class LearnerPeer:
                 seconds,
                 f", {stats['helpers']} helpers" if stats.get("helpers") else "",
             )
-        self._ledger(dict(record, ids=[list(a.id) for a in chosen]))
+        blobs = s.blobs  # what this learner's blob server sent so far (the spread benchmark reads it per version)
+        served = {"served_bytes": blobs.served_bytes, "size": s.admitted.adapter_size} if blobs is not None else {}
+        self._ledger(dict(record, ids=[list(a.id) for a in chosen], **served))
         return record
 
     def _ledger(self, line: dict) -> None:

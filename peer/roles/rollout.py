@@ -81,6 +81,7 @@ class RolloutConfig:
     metrics_port: int | None = None  # serve Prometheus metrics at http://metrics_host:PORT/metrics (0: any free port)
     metrics_host: str = "127.0.0.1"  # the address the metrics are served on
     name: str | None = None  # this peer's --name: in its heartbeat, so status and the credit table show it
+    max_upload: float | None = None  # bytes/s its blob server sends at most (--max-upload); None: no limit
     progress_every: float = PROGRESS_EVERY  # s between two progress lines (peer.roles.progress)
     # benchmark knobs (docs/benchmarks.md), never needed in a run:
     batch_seconds: float = 0.0  # each batch lasts at least this long (a slower machine, emulated by a sleep)
@@ -490,6 +491,8 @@ class RolloutPeer:
             announced=announced,
             size=len(blob),
             fetched_bytes=f.received.bytes if f else 0,
+            served_bytes=getattr(self.blobs, "served_bytes", 0),
+            fetched_at=f.fetched_at[1] if f and f.fetched_at[0] == version else None,
             fetches=f.fetches if f else 0,
         )
 

@@ -33,7 +33,7 @@ from peer.model.loading import load_base
 from peer.network.blobs_fetch import DEFAULT_TIMEOUT
 from peer.network.swarm import NetworkConfig
 from peer.protocol import key_fingerprint, peer_name_problem
-from peer.roles.adapters import announcements, fetch_adapter, newest_announcement
+from peer.roles.adapters import announcements, fetch_adapter, fetch_version, newest_announcement
 from peer.roles.closers import Closers
 from peer.roles.run import RunSpec, read_manifest, run_spec
 
@@ -59,6 +59,7 @@ class SessionConfig:
     allowed_tasks: tuple[str, ...] = ()  # plug-in task modules a manifest may name (--allow-task); none by default
     learner_credential: str | None = None  # a learner's credential from the host (hgl1.…); learners must have one
     name: str | None = None  # the peer's --name, in its heartbeat (status, the credit table)
+    max_upload: float | None = None  # bytes/s this peer's blob server sends at most (--max-upload); None: no limit
 
     def __post_init__(self):
         if self.name is not None and (problem := peer_name_problem(self.name)) is not None:
@@ -132,6 +133,10 @@ class Session:
         """An adapter's bytes from ``providers`` (base58 peer ids), else from any live peer of the run."""
         return fetch_adapter(self.blobs, sha, size, providers, self.providers, DEFAULT_TIMEOUT)
 
+    def fetch_version(self, found) -> bytes:
+        """An announced version's bytes, from the peers that hold it first (see :func:`fetch_version`)."""
+        return fetch_version(self.swarm, self.blobs, found, self.providers, DEFAULT_TIMEOUT)[0]
+
 
 # The main thread gives the GIL up around every torch kernel; a background thread (a publisher, the adapter
 # follower, hivemind's future and fd-sharing threads) that takes it then keeps it until the switch interval
@@ -171,9 +176,11 @@ def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
         credential = parse_credential(c.learner_credential)
     swarm = join(c.network, c.run_id)
     closers.add(swarm.shutdown)
-    blobs = BlobService(swarm.dht, BlobCache(c.cache_dir / "blobs"), access=swarm.access)
+    blobs = BlobService(swarm.dht, BlobCache(c.cache_dir / "blobs"), access=swarm.access, max_upload=c.max_upload)
     closers.add(blobs.close)
-    heartbeat = Heartbeat(swarm, role, interval=c.heartbeat_interval, name=c.name).start()
+    heartbeat = Heartbeat(swarm, role, interval=c.heartbeat_interval, name=c.name)
+    heartbeat.counters = blobs.counters
+    heartbeat.start()
     closers.add(lambda: heartbeat.stop(leaving=True))
     revoked: list[str] = []
     if swarm.access is not None:
@@ -245,7 +252,7 @@ def _load_newest_adapter(session: Session) -> None:
     records = announcements(session.swarm, session.admitted)
     while (found := newest_announcement(records)) is not None and found.version > 0:
         try:
-            blob = session.fetch_adapter(found.sha256, found.size, found.providers)
+            blob = session.fetch_version(found)
             session.swap(found.version, found.sha256, blob)
         except (BlobUnavailable, AdapterError) as e:
             logger.warning("announced adapter v%d is unusable (%s); trying an older one", found.version, e)
@@ -262,7 +269,7 @@ def _load_newest_adapter(session: Session) -> None:
             )
         session.swap(0, manifest.adapter0_sha256, v0)  # (again: a refused blob may have been loaded half-way)
         return
-    session.swap(found.version, found.sha256, session.fetch_adapter(found.sha256, found.size, found.providers))
+    session.swap(found.version, found.sha256, session.fetch_version(found))
 
 
 __all__ = ["Session", "SessionConfig", "default_cache_dir", "open_session"]

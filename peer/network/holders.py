@@ -1,0 +1,91 @@
+"""Holders: the peers that serve an adapter version besides the learners that announced it.
+
+A learner serves each new version to a couple of peers only (its blob server's seeding limit, see
+:class:`peer.network.blobs_server.Seeding`); everyone else gets it from a peer that already holds it. A peer that
+fetched a version and verified it says so with a :class:`~peer.protocol.HolderRecord` under
+``holders_key(run, version)`` (its own owner subkey, signed, expiring after ``HOLDER_TTL`` seconds), but only while
+fewer than ``HOLDERS_WANTED`` holders of that version are listed: the records per version stay bounded whatever the
+number of peers, and so do the bytes every fetcher reads. docs/blobs.md, "Spreading adapters", says why.
+
+A holder record is a claim anyone can make. The fetch checks the bytes' sha256 as from any provider; a fetcher asks
+a bounded number of holders before the announcers, gives a holder a short timeout, and does not ask one that failed
+it again for a minute (:class:`BadHolders`, :func:`peer.roles.adapters.fetch_adapter`): a liar costs a short failed
+attempt, and at worst the fetch falls back to the learners, as before holders existed. Records are not matched
+against heartbeats: that table grows with the number of peers, and a liar can write a heartbeat as easily.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from peer.log import get_logger
+from peer.protocol import (
+    HolderRecord,
+    RecordError,
+    from_dht_value,
+    holders_key,
+    owner_subkey,
+    parse_owner_subkey,
+    to_dht_value,
+)
+
+logger = get_logger(__name__)
+
+HOLDER_TTL = 20.0  # s a holder record lives (the newest versions matter; older ones are superseded in seconds)
+HOLDERS_WANTED = 8  # a peer lists itself only while fewer holders of the version are listed
+
+
+def read_holders(swarm, version: int, sha256: str, size: int) -> list[str]:
+    """Peer ids (base58) listed as holding adapter ``version`` with these bytes, this peer excluded, newest first."""
+    me = str(swarm.peer_id)
+    found: list[tuple[float, str]] = []
+    for subkey, item in swarm.get_dict(holders_key(swarm.run_id, version), narrow=True).items():
+        try:
+            parse_owner_subkey(subkey)
+            record = from_dht_value(HolderRecord, item.value)
+        except (RecordError, ValueError):
+            continue
+        if (record.version, record.sha256, record.size) == (version, sha256, size) and record.peer_id != me:
+            found.append((record.created, record.peer_id))
+    return list(dict.fromkeys(p for _, p in sorted(found, reverse=True)))
+
+
+class BadHolders:
+    """Holders that failed this peer recently (base58 id -> when), not asked again for ``forget`` seconds; the
+    newest ``remember`` only. A liar's made-up holders then cost each fetcher one short attempt each."""
+
+    def __init__(self, forget: float = 60.0, remember: int = 1024, clock=time.monotonic):
+        self.forget, self.remember, self._clock = forget, remember, clock
+        self._failed: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, peers) -> None:
+        with self._lock:
+            for peer in peers:
+                self._failed.pop(peer, None)
+                self._failed[peer] = self._clock()
+            while len(self._failed) > self.remember:
+                self._failed.pop(next(iter(self._failed)))
+
+    def __contains__(self, peer: str) -> bool:
+        with self._lock:
+            at = self._failed.get(peer)
+            if at is not None and self._clock() - at >= self.forget:
+                del self._failed[peer]
+                at = None
+            return at is not None
+
+
+def advertise(swarm, version: int, sha256: str, size: int, ttl: float = HOLDER_TTL) -> bool:
+    """Say that this peer holds and serves adapter ``version`` (``sha256``, ``size`` bytes) for ``ttl`` seconds."""
+    now = time.time()
+    record = HolderRecord(peer_id=str(swarm.peer_id), version=version, sha256=sha256, size=size, created=now)
+    return swarm.store_many(
+        [(holders_key(swarm.run_id, version), owner_subkey(swarm.public_key), to_dht_value(record), now + ttl)],
+        "holder",
+        narrow=True,
+    )[0]
+
+
+__all__ = ["HOLDERS_WANTED", "HOLDER_TTL", "BadHolders", "advertise", "read_holders"]
