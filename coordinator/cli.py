@@ -14,6 +14,7 @@ from peer.cli import (
     _stop_on_signals,
     _task_options,
     _threads,
+    max_upload_option,
 )
 
 
@@ -87,6 +88,7 @@ from peer.cli import (
     help="Measure the newest adapter's held-out exact match every this many seconds, for the page (0: never).",
 )
 @click.option("--eval-n", type=click.IntRange(1), default=200, show_default=True, help="Examples per measurement.")
+@max_upload_option
 def host_cmd(
     run_id,
     model,
@@ -110,6 +112,7 @@ def host_cmd(
     web_host,
     eval_every,
     eval_n,
+    max_upload,
     **network,
 ):
     """Host a swarm: publish the run, seed the base model and adapter v0, print the line others paste."""
@@ -155,6 +158,7 @@ def host_cmd(
         web_host=web_host,
         eval_every=eval_every,
         eval_n=eval_n,
+        max_upload=max_upload,
     )
     host = Host(config)
     try:

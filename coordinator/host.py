@@ -46,6 +46,7 @@ class HostConfig:
     web_host: str = "127.0.0.1"
     eval_every: float = 0.0  # measure the newest adapter's held-out exact match this often (0: never)
     eval_n: int = 200  # held-out examples per measurement
+    max_upload: float | None = None  # bytes/s the host's blob server sends at most (--max-upload); None: no limit
 
 
 def adapter_v0(folder: Path, settings: RunSettings) -> bytes:
@@ -86,7 +87,9 @@ class Host:
         v0 = adapter_v0(folder, s)
         self.swarm = self._join(network)
         self._closers.add(self.swarm.shutdown)
-        self.blobs = BlobService(self.swarm.dht, BlobCache(c.cache_dir / "blobs"), access=self.swarm.access)
+        self.blobs = BlobService(
+            self.swarm.dht, BlobCache(c.cache_dir / "blobs"), access=self.swarm.access, max_upload=c.max_upload
+        )
         self._closers.add(self.blobs.close)
         if self.book is not None:
             from peer.network.access import AccessWatcher
@@ -102,6 +105,7 @@ class Host:
         self._v0 = v0
         self._publish()
         self.heartbeat = Heartbeat(self.swarm, "coordinator", interval=c.heartbeat_interval)
+        self.heartbeat.counters = self.blobs.counters
         self.heartbeat.update(adapter_version=0, state="running")
         self.heartbeat.start()
         self._closers.add(lambda: self.heartbeat.stop(leaving=True))

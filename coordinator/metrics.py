@@ -30,6 +30,8 @@ STATUS_METRICS = (
     ("gauge", "exact_match", "Greedy exact match the host measured."),
     ("gauge", "peer_groups_per_second", "Groups per second from each peer's heartbeat."),
     ("gauge", "peer_adapter_version", "Adapter version each peer holds."),
+    ("gauge", "peer_blob_served_bytes", "Bytes each peer's blob server sent to other peers (its heartbeat's count)."),
+    ("gauge", "peer_blob_fetched_bytes", "Bytes each peer received from other peers' blob servers (its heartbeat's)."),
 )
 
 
@@ -58,6 +60,9 @@ class StatusCollector(Collector):
             "exact_match": exact_match,
             "peer_groups_per_second": (who, {(p["peer_id"], p["role"]): p["groups_per_s"] for p in live}),
             "peer_adapter_version": (who, {(p["peer_id"], p["role"]): p["adapter_version"] for p in peers}),
+            # a peer that does not report its blob traffic (None) has no sample, not a 0
+            "peer_blob_served_bytes": (who, {(p["peer_id"], p["role"]): p.get("served_bytes") for p in peers}),
+            "peer_blob_fetched_bytes": (who, {(p["peer_id"], p["role"]): p.get("fetched_bytes") for p in peers}),
         }
         yield from families("hivegrpo_", STATUS_METRICS, values, const={"run": status["run_id"]})
 

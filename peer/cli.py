@@ -194,6 +194,19 @@ def _name_option(f):
     )(f)
 
 
+def max_upload_option(f):
+    """``--max-upload``: the most this peer's blob server sends (adapters, model files) to other peers."""
+    return click.option(
+        "--max-upload",
+        type=float,
+        default=None,
+        metavar="MB/S",
+        callback=cli_checks.max_upload,
+        help="Serve blobs (adapter versions, model files) to other peers at most this fast, in MB/s, all together, "
+        "so a home uplink keeps room for the rest. Default: no limit.",
+    )(f)
+
+
 def _run_options(what: str, required: bool = True):
     """``--run-id`` and ``--coordinator``: which run, signed by which host (as ``hivegrpo host`` printed them)."""
 
@@ -464,6 +477,7 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as one JSON object.")
 @_metrics_options
 @_name_option
+@max_upload_option
 @click.option("--bench-batch-seconds", type=click.FloatRange(min=0), default=0.0, hidden=True)  # docs/benchmarks.md
 @click.option("--bench-one-batch-per-version", is_flag=True, hidden=True)  # docs/benchmarks.md
 def join_cmd(
@@ -484,6 +498,7 @@ def join_cmd(
     metrics_port,
     metrics_host,
     name,
+    max_upload,
     bench_batch_seconds,
     bench_one_batch_per_version,
     **network,
@@ -516,6 +531,7 @@ def join_cmd(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         name=name,
+        max_upload=max_upload,
         batch_seconds=bench_batch_seconds,
         one_batch_per_version=bench_one_batch_per_version,
     )
@@ -586,6 +602,7 @@ def join_cmd(
 @_learner_memory_options
 @_metrics_options
 @_name_option
+@max_upload_option
 @click.option(
     "--learner-credential",
     envvar="HIVEGRPO_LEARNER_CREDENTIAL",
@@ -621,6 +638,7 @@ def learn_cmd(
     metrics_port,
     metrics_host,
     name,
+    max_upload,
     **network,
 ):
     """Join a swarm as a learner: verify the buckets' groups and turn them into adapter versions."""
@@ -654,6 +672,7 @@ def learn_cmd(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         name=name,
+        max_upload=max_upload,
     )
     result = run_learner(config, on_ready=lambda peer: _stop_on_signals(peer.request_stop))
     if as_json:

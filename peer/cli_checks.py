@@ -273,6 +273,20 @@ def peer_name(ctx, param, value: str | None) -> str | None:
     return value
 
 
+def max_upload(ctx, param, value: float | None) -> float | None:
+    """``--max-upload MB/s`` → bytes/s (None: no limit); at least what one fetch needs to stay within its deadline."""
+    if value is None:
+        return None
+    from peer.network.blobs_server import MIN_UPLOAD
+
+    if not (value * 1e6 >= MIN_UPLOAD and value < float("inf")):
+        raise click.BadParameter(
+            f"{value:g} MB/s is not a rate from {MIN_UPLOAD / 1e6:.2f} MB/s up, the least a peer needs to serve one "
+            "blob within the time fetchers allow; give a larger value, or leave it out for no limit"
+        )
+    return value * 1e6
+
+
 def listen(host: str, port: int | None, option: str) -> None:
     """``host`` can be listened on at ``port`` (None: nothing to serve; 0: any free port), checked by binding it
     once now rather than after the model loaded."""

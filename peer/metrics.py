@@ -72,6 +72,13 @@ LEARNER_METRICS = (
     ("gauge", "helpers", "Learners computing shares of this one's updates."),
 )
 
+# under ``hivegrpo_`` whatever the role: the peer's blob server and fetches, read from its heartbeat's stats (a peer
+# whose heartbeat does not count them yet serves neither)
+BLOB_METRICS = (
+    ("counter", "blob_served_bytes_total", "Bytes this peer's blob server sent to other peers."),
+    ("counter", "blob_fetched_bytes_total", "Bytes this peer received from other peers' blob servers."),
+)
+
 
 def families(prefix: str, table: tuple, values: dict, const: dict[str, str] | None = None) -> Iterator[Metric]:
     """The metric families of ``table`` (see :data:`ROLLOUT_METRICS`) with ``values`` by name, each sample labelled
@@ -94,6 +101,16 @@ def families(prefix: str, table: tuple, values: dict, const: dict[str, str] | No
 def _heartbeat(session) -> dict:
     beat = getattr(session, "heartbeat", None)
     return beat.fields() if beat is not None else {}
+
+
+def _blobs(session) -> Iterator[Metric]:
+    """The blob traffic counters of the heartbeat's stats (``served_bytes``, ``fetched_bytes``), when it has them."""
+    stats = _heartbeat(session).get("stats") or {}
+    values = {
+        "blob_served_bytes_total": stats.get("served_bytes"),
+        "blob_fetched_bytes_total": stats.get("fetched_bytes"),
+    }
+    yield from families("hivegrpo_", BLOB_METRICS, values)
 
 
 def _info(role: str, peer) -> Metric:
@@ -147,6 +164,7 @@ class RolloutCollector(Collector):
             }
         yield _info("rollout", p)
         yield from families("hivegrpo_rollout_", ROLLOUT_METRICS, values)
+        yield from _blobs(session)
 
 
 class LearnerCollector(Collector):
@@ -192,6 +210,7 @@ class LearnerCollector(Collector):
             values |= p.team.heartbeat_stats()  # leading, helpers
         yield _info("learner", p)
         yield from families("hivegrpo_learner_", LEARNER_METRICS, values)
+        yield from _blobs(session)
 
 
 class MetricsServer:
@@ -228,6 +247,7 @@ def serve_metrics(collector: Collector, host: str, port: int) -> MetricsServer:
 
 
 __all__ = [
+    "BLOB_METRICS",
     "LEARNER_METRICS",
     "ROLLOUT_METRICS",
     "LearnerCollector",

@@ -206,6 +206,9 @@ def summarize(
                 # a learner's share of wall time spent training, and of its verified groups without signal
                 "busy": r.stats.get("busy") if r.role == "learner" else None,
                 "no_signal_share": r.stats.get("no_signal_share") if r.role == "learner" else None,
+                # bytes its blob server sent to other peers, and it received from theirs (None: it does not say)
+                "served_bytes": _count(r.stats.get("served_bytes")),
+                "fetched_bytes": _count(r.stats.get("fetched_bytes")),
                 "accepted": accepted,
                 "rejected": rejected,
                 "banned": fp in banned,
@@ -299,6 +302,25 @@ def _team_role(r) -> str | None:
     return "leads" if r.stats["leading"] else "helps"
 
 
+def _count(value: float | None) -> int | None:
+    """A heartbeat's cumulative count as an int; None (unknown, never 0) when the peer does not report it or reports
+    a negative one (a heartbeat's stats are any finite floats)."""
+    return None if value is None or value < 0 else int(value)
+
+
+def human_bytes(n: int | None) -> str:
+    """``n`` bytes in decimal units to 3 digits ("12.3 MB", "512 kB"), or "—" when unknown."""
+    if n is None:
+        return "—"
+    if n < 1000:
+        return f"{n} B"
+    value, units = n / 1000, ["kB", "MB", "GB", "TB"]
+    while value >= 999.5 and len(units) > 1:
+        value, units = value / 1000, units[1:]
+    unit = units[0]
+    return f"{value:.1f} {unit}" if value < 99.95 else f"{value:.0f} {unit}"
+
+
 def _ago(seconds: float) -> str:
     return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
 
@@ -339,8 +361,12 @@ def render(status: dict[str, Any], contributors: bool = False):
         head.append(f"\n! {problem}", style="yellow")
 
     peers = Table(title="peers", title_justify="left")
-    for name in ("peer", "role", "state", "v", "groups/s", "used", "refused", "seen"):
-        peers.add_column(name, justify="left" if name in ("peer", "role", "state") else "right")
+    for name in ("peer", "role", "state", "v", "groups/s", "used", "refused", "served", "fetched", "seen"):
+        peers.add_column(
+            name,
+            justify="left" if name in ("peer", "role", "state") else "right",
+            no_wrap=name in ("role", "served", "fetched"),  # on a narrow terminal the peer's name gives way
+        )
     for p in status["peers"]:
         rate = "-" if p["groups_per_s"] is None else f"{p['groups_per_s']:.2f}"
         state = "banned" if p["banned"] else p["state"]
@@ -353,6 +379,8 @@ def render(status: dict[str, Any], contributors: bool = False):
             rate,
             str(p["accepted"]) if produces else "",
             str(p["rejected"]) if produces else "",
+            human_bytes(p.get("served_bytes")),
+            human_bytes(p.get("fetched_bytes")),
             _ago(p["last_seen_s"]),
         )
     parts = [head, peers]
@@ -426,4 +454,4 @@ def contributors_table(status: dict[str, Any]):
     return table
 
 
-__all__ = ["ROLES", "contributors_table", "read_status", "render", "sparkline", "summarize"]
+__all__ = ["ROLES", "contributors_table", "human_bytes", "read_status", "render", "sparkline", "summarize"]

@@ -2,6 +2,8 @@
 
 import json
 import re
+import shutil
+import subprocess
 import urllib.error
 import urllib.request
 
@@ -24,7 +26,7 @@ from peer.protocol import (
     to_dht_value,
 )
 from peer.protocol.limits import MAX_DHT_VALUE_BYTES, MAX_HISTORY, MAX_TALLIED
-from peer.status import SILENT_AFTER, render, sparkline, summarize
+from peer.status import SILENT_AFTER, human_bytes, render, sparkline, summarize
 
 NOW = 1_000_000.0
 KEYS = {name: RSAPrivateKey().get_public_key().to_bytes() for name in ("host", "learner", "r1", "r2", "other")}
@@ -32,7 +34,9 @@ FP = {name: key_fingerprint(key) for name, key in KEYS.items()}
 ID = {"host": "QmHost", "learner": "QmLearner", "r1": "QmR1", "r2": "QmR2", "other": "QmZ9"}  # base58 ids
 
 
-def beat(name: str, role: str, *, version: int = 3, throughput: float = 16.0, seen: float = 1.0, state="running"):
+def beat(
+    name: str, role: str, *, version: int = 3, throughput: float = 16.0, seen: float = 1.0, state="running", stats=None
+):
     record = PeerRecord(
         peer_id=ID[name],
         role=role,
@@ -44,9 +48,21 @@ def beat(name: str, role: str, *, version: int = 3, throughput: float = 16.0, se
         started=NOW - 100,
         last_seen=NOW - seen,
         state=state,
-        stats={},
+        stats=stats or {},
     )
     return KEYS[name], record
+
+
+BLOBS = {"served_bytes": 1234.0, "fetched_bytes": 5678.0}  # a heartbeat's blob traffic (a peer with a blob service)
+
+
+def blob_peers() -> list:
+    """The swarm of :func:`swarm_status`, its rollout peer reporting blob traffic, the others not."""
+    return [
+        beat("host", "coordinator", version=0),
+        beat("learner", "learner", version=7),
+        beat("r1", "rollout", stats=BLOBS),
+    ]
 
 
 def metrics(version: int, **fields) -> MetricsRecord:
@@ -223,7 +239,7 @@ def test_prometheus_text_has_one_typed_sample_per_line_and_escapes_labels():
 
 
 def test_history_points_and_the_server_routes():
-    readings = iter([swarm_status(), swarm_status(metrics=[(KEYS["learner"], metrics(8))])])
+    readings = iter([swarm_status(peers=blob_peers()), swarm_status(metrics=[(KEYS["learner"], metrics(8))])])
     history = StatusHistory(lambda: next(readings), interval=3600)
     server = WebServer(history, port=0).start()
     try:
@@ -236,11 +252,19 @@ def test_history_points_and_the_server_routes():
             get("/api/status")
         assert e.value.code == 503, "nothing read yet: says so, does not invent a status"
         history.poll()
+        first = json.loads(get("/api/status")[2])["peers"]  # what the page draws its peers table from
+        assert [(p["role"], p["served_bytes"], p["fetched_bytes"]) for p in first] == [
+            ("coordinator", None, None),
+            ("learner", None, None),
+            ("rollout", 1234, 5678),
+        ]
         history.poll()
         code, kind, body = get("/")
         assert code == 200 and kind.startswith("text/html") and b'id="reward-chart"' in body
+        assert b">served</th>" in body and b"bytes(p.served_bytes)" in body and b"bytes(p.fetched_bytes)" in body
         status = json.loads(get("/api/status")[2])
         assert status["adapter_version"] == 8 and status["exact_match"] is None
+        assert [(p["served_bytes"], p["fetched_bytes"]) for p in status["peers"]] == [(None, None)] * 3
         assert b"hivegrpo_exact_match" not in get("/metrics")[2], "no measurement: no sample"
         history.record_eval(8, 0.625)
         assert json.loads(get("/api/status")[2])["exact_match"]["exact_match"] == 0.625
@@ -248,7 +272,7 @@ def test_history_points_and_the_server_routes():
         assert b'hivegrpo_exact_match{run="run-s"} 0.625' in get("/metrics")[2]
         points = json.loads(get("/api/history")[2])["points"]
         assert [p["adapter_version"] for p in points] == [7, 8]
-        assert points[0] == point_of(swarm_status()) and points[0]["rates"] == {"QmR1": 2.0}
+        assert points[0] == point_of(swarm_status(peers=blob_peers())) and points[0]["rates"] == {"QmR1": 2.0}
         code, kind, body = get("/metrics")
         assert kind.startswith("text/plain") and b'hivegrpo_adapter_version{run="run-s"} 8' in body
         with pytest.raises(urllib.error.HTTPError) as e:
@@ -256,3 +280,93 @@ def test_history_points_and_the_server_routes():
         assert e.value.code == 404
     finally:
         server.close()
+
+
+def test_each_peer_row_has_its_blob_traffic_as_ints_and_none_when_its_heartbeat_does_not_say():
+    s = swarm_status(peers=blob_peers())
+    by_role = {p["role"]: p for p in s["peers"]}
+    rollout = by_role["rollout"]
+    assert (rollout["served_bytes"], rollout["fetched_bytes"]) == (1234, 5678)
+    assert type(rollout["served_bytes"]) is int and type(rollout["fetched_bytes"]) is int
+    for role in ("coordinator", "learner"):
+        assert (by_role[role]["served_bytes"], by_role[role]["fetched_bytes"]) == (None, None), "unknown, never 0"
+    assert json.loads(json.dumps(s))["peers"][2]["served_bytes"] == 1234
+
+
+def test_render_shows_blob_traffic_in_human_units_and_a_dash_when_unknown():
+    from rich.console import Console
+
+    assert [human_bytes(n) for n in (None, 0, 999, 1234, 99_960, 999_500, 12_300_000, 4_100_000_000)] == [
+        "—", "0 B", "999 B", "1.2 kB", "100 kB", "1.0 MB", "12.3 MB", "4.1 GB"
+    ]  # fmt: skip
+    for width in (100, 120):
+        console = Console(width=width, record=True)
+        console.print(render(swarm_status(peers=blob_peers())))
+        text = console.export_text()
+        assert "served" in text and "fetched" in text
+        lines = {line.split("│")[2].strip(): line for line in text.splitlines() if line.count("│") > 5}
+        assert "1.2 kB" in lines["rollout"] and "5.7 kB" in lines["rollout"], lines
+        assert lines["coordinator"].count("—") == 2 and lines["learner"].count("—") == 2
+        assert max(map(len, text.splitlines())) <= width
+
+
+def test_the_hosts_metrics_have_each_reporting_peers_blob_traffic_and_nothing_for_the_others():
+    text = prometheus(swarm_status(peers=blob_peers()))
+    samples = {
+        (x.name, tuple(sorted(x.labels.items()))): x.value
+        for f in text_string_to_metric_families(text)
+        for x in f.samples
+    }
+    r1 = (("peer", "QmR1"), ("role", "rollout"), ("run", "run-s"))
+    assert samples[("hivegrpo_peer_blob_served_bytes", r1)] == 1234
+    assert samples[("hivegrpo_peer_blob_fetched_bytes", r1)] == 5678
+    blob = {k for k in samples if k[0].startswith("hivegrpo_peer_blob_")}
+    assert blob == {("hivegrpo_peer_blob_served_bytes", r1), ("hivegrpo_peer_blob_fetched_bytes", r1)}, blob
+    assert "hivegrpo_peer_blob_" not in prometheus(swarm_status()), "no peer reports it: no sample, not a 0"
+
+
+def _rollout_peer(heartbeat_stats):
+    """The little of a rollout peer :class:`~peer.metrics.RolloutCollector` reads, its heartbeat's stats given."""
+    from types import SimpleNamespace
+
+    fields = {"throughput": 16.0} if heartbeat_stats is None else {"throughput": 16.0, "stats": heartbeat_stats}
+    session = SimpleNamespace(
+        heartbeat=SimpleNamespace(fields=lambda: dict(fields)),
+        swarm=SimpleNamespace(peer_id="QmR1", public_key=KEYS["r1"]),
+    )
+    counts = dict(groups=2, completions=16, tokens=64, batches=1, swaps=1, waited_s=0.0, sample_s=1.0)
+    return SimpleNamespace(
+        stats=counts, session=session, publisher=None, follower=None, spec=None, version=3, batch_size=4,
+        config=SimpleNamespace(run_id="run-s"),
+    )  # fmt: skip
+
+
+def test_a_peers_own_metrics_count_its_blob_traffic_from_its_heartbeat_when_it_has_it():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from peer.metrics import RolloutCollector
+
+    def scrape(stats) -> dict:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(RolloutCollector(_rollout_peer(stats)))
+        text = generate_latest(registry).decode()
+        return {x.name: x.value for f in text_string_to_metric_families(text) for x in f.samples if not x.labels}
+
+    got = scrape(BLOBS)
+    assert got["hivegrpo_blob_served_bytes_total"] == 1234 and got["hivegrpo_blob_fetched_bytes_total"] == 5678
+    assert got["hivegrpo_rollout_groups_sampled_total"] == 2
+    for stats in (None, {"busy": 0.5}):  # no stats in the heartbeat yet; a heartbeat without blob counts
+        assert not {name for name in scrape(stats) if "blob" in name}, "unknown: left out, not 0"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's script")
+def test_the_page_writes_blob_traffic_as_the_terminal_does():
+    from coordinator.web import page
+
+    script = re.search(r"function bytes\(n\) \{.*?\n\}\n", page().decode(), re.S).group(0)
+    values = [None, 0, 999, 1234, 5678, 99_960, 999_500, 12_300_000, 4_100_000_000]
+    run = script + f"console.log(JSON.stringify({json.dumps(values)}.map(bytes)));"
+    done = subprocess.run(["node", "-e", '"use strict";' + run], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [human_bytes(n) for n in values]
+    assert json.loads(done.stdout)[:4] == ["—", "0 B", "999 B", "1.2 kB"]
