@@ -378,3 +378,52 @@ def test_a_follower_lists_itself_after_a_fetch_while_few_holders_are_listed(peer
     blobs.server = object()
     fetch_version(full, blobs, found, None, 1.0)
     assert len(full.records[holders_key("run", 7)]) == HOLDERS_WANTED  # enough were listed: it did not add itself
+
+
+# --- a real swarm: one announcer, four followers, each a DHT process of its own ---------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_in_a_swarm_the_announcer_sends_each_version_twice_and_the_followers_pass_it_on(tmp_path):
+    import contextlib
+    import hashlib
+
+    from peer.network.blobs import BlobService
+    from peer.network.swarm import NetworkConfig, join
+    from peer.roles.adapters import AdapterFollower, announce_adapter
+
+    size = 200_000
+    blobs = [os.urandom(size) for _ in range(4)]
+    shas = [hashlib.sha256(b).hexdigest() for b in blobs]
+    with contextlib.ExitStack() as stack:
+        learner = stack.enter_context(join(NetworkConfig.loopback(), "spread"))
+        served = stack.enter_context(BlobService(learner.dht, BlobCache(tmp_path / "learner")))
+        served.seeding.grace = 60.0  # the bound must not depend on how fast this machine is today
+        followers = []
+        for i in range(4):
+            swarm = stack.enter_context(join(NetworkConfig.loopback(learner.visible_maddrs()), "spread"))
+            service = stack.enter_context(BlobService(swarm.dht, BlobCache(tmp_path / f"f{i}")))
+            follower = AdapterFollower(swarm, service, 0, interval=0.2, held_sha="")
+            stack.callback(follower.stop)
+            followers.append((swarm, service, follower.start()))
+        for version, blob in enumerate(blobs, start=1):
+            parent = shas[version - 2] if version > 1 else "0" * 64
+            announce_adapter(learner, served, version, blob, parent)
+            deadline = time.monotonic() + 60
+            pending = list(followers)
+            while pending:
+                assert time.monotonic() < deadline, f"v{version} did not reach every follower within 60 s"
+                for item in list(pending):
+                    ready = item[2].take()
+                    if ready is not None:
+                        item[2].mark_held(ready[0].version, ready[0].sha256)
+                        if ready[0].version == version:
+                            assert ready[1] == blob
+                            pending.remove(item)
+                time.sleep(0.05)
+        assert served.served_bytes <= 2 * size * len(blobs), "the learner sent a version more than twice"
+        passed_on = sum(service.served_bytes for _, service, _ in followers)
+        assert passed_on >= (4 - 2) * size * len(blobs), "the followers did not pass the versions on"
+        listed = read_holders(followers[0][0], 4, shas[3], size)
+        assert 1 <= len(listed) <= HOLDERS_WANTED and str(followers[0][0].peer_id) not in listed
