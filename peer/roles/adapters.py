@@ -49,7 +49,8 @@ logger = get_logger(__name__)
 
 HOLDERS_TRIED = 4  # listed holders one round of a fetch asks (then the announcers)
 MAX_HINTED = 16  # peers named by refusals that a fetch keeps to ask
-HOLDER_TIMEOUT = 5.0  # s a round's providers may stay silent (a made-up holder must not hold a fetch for long)
+HOLDER_TIMEOUT = 10.0  # s a round's providers may stay silent (a made-up holder must not hold a fetch for long;
+# a holder at the least --max-upload sends a 1-MiB chunk in about 4 s)
 RETRY_EVERY = 0.1  # s before the second round while providers answer "seeded" or "busy"; doubling, jittered, to 1 s
 PATIENCE = 5.0  # s a fetch keeps trying rounds: past the learner's seeding grace (3 s), it serves anyone
 MAX_POLL = 2.0  # s between two reads of the announcements at most, when versions come slowly (see poll_every)
@@ -231,6 +232,7 @@ def fetch_adapter(
     from peer.network.blobs import BlobUnavailable
 
     failed: set[str] = set()
+    failure: BlobUnavailable | None = None  # the last round's
     hinted: list[str] = []  # peers the refusals named as holding it: asked first
     deadline = clock() + patience
     wait = RETRY_EVERY
@@ -267,7 +269,7 @@ def fetch_adapter(
     tried = set(announced) | failed
     rest = [p for p in (others() if others is not None else []) if p.to_base58() not in tried]
     if not rest:
-        if "failure" in locals():
+        if failure is not None:
             raise failure
         raise BlobUnavailable(f"Could not fetch adapter {sha256[:12]}…: no peer is known to serve it; retry later.")
     logger.info("no holder or announcer delivered adapter %s…; asking %d other peer(s)", sha256[:12], len(rest))
