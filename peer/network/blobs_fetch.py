@@ -131,7 +131,10 @@ async def fetch_blob(
         else:
             logger.info(f"fetched blob {sha256[:12]}… ({_mib(size)}) from {peer}")
             return path
-        logger.warning(f"provider {peer} failed to deliver blob {sha256[:12]}…: {reason}")
+        # a full server, or a learner sending a new version to a couple of peers first: expected, not a fault
+        expected = reason.startswith(("answered: seeded", "answered: busy"))
+        log = logger.debug if expected else logger.warning
+        log(f"provider {peer} failed to deliver blob {sha256[:12]}…: {reason}")
         failures.append(f"{_short(peer)} {reason}")
         reasons[peer.to_base58()] = reason
     if not order:
