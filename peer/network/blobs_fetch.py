@@ -26,6 +26,7 @@ from peer.log import get_logger
 from peer.network.blobs_cache import BlobCache, PendingBlob, check_sha256
 from peer.network.blobs_errors import BlobCorrupt, BlobUnavailable
 from peer.network.blobs_wire import (
+    LATER,
     PROTOCOL,
     BlobRequest,
     BlobResponse,
@@ -46,6 +47,15 @@ MAX_PROVIDERS_TRIED = 8  # providers one fetch asks at most
 def attempt_deadline(size: int, timeout: float) -> float:
     """Seconds one provider gets for a blob of ``size`` bytes: ``timeout`` plus the time at ``MIN_RATE``."""
     return timeout + size / MIN_RATE
+
+
+_ANSWERED_LATER = tuple(f"answered: {prefix}" for prefix in LATER)  # ProviderFailed's text for such a refusal
+
+
+def answered_later(reason: str) -> bool:
+    """Whether a provider's failure (as ``BlobUnavailable.reasons`` gives it) was a refusal meaning "another
+    provider, or again soon": a full server, or a learner sending a new version to a couple of peers first."""
+    return reason.startswith(_ANSWERED_LATER)
 
 
 class ProviderFailed(Exception):
@@ -131,9 +141,7 @@ async def fetch_blob(
         else:
             logger.info(f"fetched blob {sha256[:12]}… ({_mib(size)}) from {peer}")
             return path
-        # a full server, or a learner sending a new version to a couple of peers first: expected, not a fault
-        expected = reason.startswith(("answered: seeded", "answered: busy"))
-        log = logger.debug if expected else logger.warning
+        log = logger.debug if answered_later(reason) else logger.warning  # expected, not a fault
         log(f"provider {peer} failed to deliver blob {sha256[:12]}…: {reason}")
         failures.append(f"{_short(peer)} {reason}")
         reasons[peer.to_base58()] = reason

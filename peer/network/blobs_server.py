@@ -45,6 +45,7 @@ from peer.network.blobs_cache import BlobCache
 from peer.network.blobs_fetch import MIN_RATE, attempt_deadline
 from peer.network.blobs_wire import (
     CHUNK_SIZE,
+    LATER,
     MAX_CHUNK,
     MAX_HINTS,
     MAX_REQUEST,
@@ -360,7 +361,7 @@ class BlobServer:
             else:
                 request, refusal = self._admit(peer, wire)
             if refusal is not None:
-                hints = self._hints(request.sha256, peer) if request and refusal.startswith(("seeded", "busy")) else ()
+                hints = self._hints(request.sha256, peer) if request and refusal.startswith(LATER) else ()
                 await self._refuse(writer, refusal, hints)
                 await self._linger(reader)
                 return

@@ -31,6 +31,7 @@ MAX_CHUNK = 4 << 20
 MAX_HEADER = 4096
 MAX_REQUEST = 1024  # a request header: a sha256, two integers and an invite of at most MAX_INVITE_CHARS (~640 B)
 MAX_ERROR_CHARS = 300
+LATER = ("seeded", "busy")  # how a refusal that means "another provider, or again soon" begins (it may carry hints)
 MAX_HINTS = 4  # peer ids a refusal may name as holding the blob (whom this server gave it lately)
 _BASE58 = frozenset("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
 _LEN = 4

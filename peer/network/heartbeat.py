@@ -96,14 +96,10 @@ class Heartbeat:
         with self._lock:
             self._fields["last_seen"] = time.time()
             record = PeerRecord(**dict(self._fields, stats={**self._fields["stats"], **counters}))
-        run, subkey, value, expires = (
-            self.swarm.run_id,
-            owner_subkey(self.swarm.public_key),
-            record.dict(),
-            time.time(),
-        )
+        run, value, expires = self.swarm.run_id, record.dict(), time.time() + self.ttl
         keys = [peers_key(run)] + ([core_peers_key(run)] if record.role in CORE_ROLES else [])
-        stored = self.swarm.store_many([(key, subkey, value, expires + self.ttl) for key in keys], "heartbeat")
+        subkey = owner_subkey(self.swarm.public_key)
+        stored = self.swarm.store_many([(key, subkey, value, expires) for key in keys], "heartbeat")
         return all(stored)
 
     def _run(self) -> None:

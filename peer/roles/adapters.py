@@ -193,7 +193,9 @@ def newest_announcement(
 def _retry_later(reason: str) -> bool:
     """A provider that may deliver if asked again soon: it seeds the blob to others first, its slots are full, or it
     does not have the blob yet (a holder named a moment before it stored it)."""
-    return reason.startswith(("answered: seeded", "answered: busy", "answered: does not have"))
+    from peer.network.blobs_fetch import answered_later
+
+    return answered_later(reason) or reason.startswith("answered: does not have")
 
 
 def fetch_adapter(
