@@ -370,3 +370,9 @@ def test_the_page_writes_blob_traffic_as_the_terminal_does():
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [human_bytes(n) for n in values]
     assert json.loads(done.stdout)[:4] == ["—", "0 B", "999 B", "1.2 kB"]
+
+
+def test_a_negative_blob_count_in_a_heartbeat_shows_as_unknown():
+    lying = [beat("host", "coordinator", version=0), beat("r1", "rollout", stats={"served_bytes": -5.0})]
+    (host, rollout) = sorted(swarm_status(peers=lying)["peers"], key=lambda p: p["role"])
+    assert rollout["role"] == "rollout" and rollout["served_bytes"] is None and rollout["fetched_bytes"] is None
