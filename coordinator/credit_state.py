@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from peer.log import get_logger
-from peer.roles.credit import CreditTable, contributor_rows, merge_rows
+from peer.run.credit import CreditTable, contributor_rows, merge_rows
 
 logger = get_logger(__name__)
 

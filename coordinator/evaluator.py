@@ -1,7 +1,7 @@
 """The host's own measure of learning (``hivegrpo host --eval-every S``): held-out exact match of the newest adapter.
 
 The host already has the base model (it builds adapter v0 from it). With ``--eval-every`` it keeps it, with LoRA
-attached, follows the learners' announcements like any peer (:class:`~peer.roles.adapters.AdapterFollower`: the
+attached, follows the learners' announcements like any peer (:class:`~peer.run.adapters.AdapterFollower`: the
 blob comes over P2P and must hash to what was announced), and every ``every`` seconds measures greedy exact match
 on the task's held-out set (:func:`peer.model.evaluate.exact_match`, what ``hivegrpo eval`` runs) on the newest
 version it holds. Results go to the status page's exact-match curve and ``/metrics``. It costs the host CPU; it is
@@ -56,7 +56,7 @@ class HostEvaluator:
         from peer.model.config import ModelConfig
         from peer.model.evaluate import exact_match
         from peer.model.loading import load_base
-        from peer.roles.adapters import AdapterFollower
+        from peer.run.adapters import AdapterFollower
         from peer.tasks import get_task
 
         s = self.settings

@@ -18,13 +18,13 @@ from coordinator.credit_state import CreditState
 from coordinator.invites import InviteBook
 from coordinator.manifest import RunSettings, build_manifest, model_folder
 from coordinator.web import StatusHistory, WebServer
+from peer.closers import Closers
 from peer.errors import UserError
 from peer.log import get_logger
 from peer.network.swarm import NetworkConfig
 from peer.protocol import key_fingerprint, manifest_key, owner_subkey, to_dht_value
-from peer.roles.adapters import announce_adapter
-from peer.roles.closers import Closers
-from peer.roles.session import default_cache_dir
+from peer.run.adapters import announce_adapter
+from peer.run.session import default_cache_dir
 
 logger = get_logger(__name__)
 

@@ -1,6 +1,6 @@
 """Building a run manifest: the base model's files and hashes, the task, the hyperparameters, adapter v0.
 
-What every peer of the run will read back with :func:`peer.roles.run.run_spec` — built here from the same configs
+What every peer of the run will read back with :func:`peer.run.spec.run_spec` — built here from the same configs
 and checked by doing exactly that before it is ever published.
 """
 
@@ -16,8 +16,8 @@ from peer.grpo.config import LossConfig, PromptConfig, SamplingConfig, Staleness
 from peer.model.config import LoRAConfig
 from peer.protocol import ManifestRecord, ModelSpec, TaskSpec
 from peer.protocol.limits import MAX_JSON_CHARS
-from peer.roles.basemodel import model_files
-from peer.roles.run import DEFAULT_GROUPS_PER_VERSION, grpo_json, run_spec
+from peer.run.basemodel import model_files
+from peer.run.spec import DEFAULT_GROUPS_PER_VERSION, grpo_json, run_spec
 from peer.tasks import get_task
 
 

@@ -132,7 +132,7 @@ def _allow_task_option(f):
 def _max_memory(ctx, param, value: str | None) -> int | None:
     if value is None:
         return None
-    from peer.roles.memory import parse_memory
+    from peer.model.memory import parse_memory
 
     try:
         return parse_memory(value)
@@ -512,7 +512,7 @@ def join_cmd(
         )
     cli_checks.same_run(run_id, network["invite"])
     _threads(threads)
-    from peer.roles.rollout import RolloutConfig, run_rollout
+    from peer.roles.rollout.peer import RolloutConfig, run_rollout
 
     config = RolloutConfig(
         run_id=run_id,
@@ -646,7 +646,7 @@ def learn_cmd(
 
     cli_checks.same_run(run_id, network["invite"], learner_credential)
     _threads(threads)
-    from peer.roles.learner import LearnerConfig, run_learner
+    from peer.roles.learner.peer import LearnerConfig, run_learner
 
     config = LearnerConfig(
         run_id=run_id,
@@ -835,7 +835,7 @@ def train_local(
     cli_checks.task(task, task_config)
     prompt = _prompt_config(chat_template, system_prompt, stop)
     _threads(threads)
-    from peer.roles.reference import ReferenceConfig, run_reference
+    from peer.roles.learner.reference import ReferenceConfig, run_reference
 
     config = ReferenceConfig.build(
         model=model,

@@ -277,7 +277,7 @@ def max_upload(ctx, param, value: float | None) -> float | None:
     """``--max-upload MB/s`` → bytes/s (None: no limit); at least what one fetch needs to stay within its deadline."""
     if value is None:
         return None
-    from peer.network.blobs_server import MIN_UPLOAD
+    from peer.network.blobs.server import MIN_UPLOAD
 
     if not (value * 1e6 >= MIN_UPLOAD and value < float("inf")):
         raise click.BadParameter(

@@ -116,9 +116,9 @@ def _from_swarm(config: ExportConfig) -> Source:
     from peer.network.blobs import BlobCache, BlobService, BlobUnavailable
     from peer.network.heartbeat import blob_providers
     from peer.network.swarm import join
-    from peer.roles.adapters import announcements
-    from peer.roles.basemodel import fetch_from, resolve_base
-    from peer.roles.run import read_manifest
+    from peer.run.adapters import announcements
+    from peer.run.basemodel import fetch_from, resolve_base
+    from peer.run.spec import read_manifest
 
     network = dataclasses.replace(config.network, client_mode=True)  # it serves nobody
     with join(network, config.run_id) as swarm:
@@ -154,7 +154,7 @@ def _choose(records, version: int | None) -> tuple[int, str, int, tuple[str, ...
     """(version, sha256, size, providers) of the newest admitted version, or of ``version`` when an admitted
     announcement is of it or lists it among its ancestors."""
     from peer.protocol.limits import MAX_ANCESTORS
-    from peer.roles.adapters import newest_announcement
+    from peer.run.adapters import newest_announcement
 
     newest = newest_announcement(records)
     if newest is None:
@@ -174,8 +174,8 @@ def _choose(records, version: int | None) -> tuple[int, str, int, tuple[str, ...
 
 
 def _fetch(blobs, sha: str, size: int, announced, others) -> bytes:
-    from peer.network.blobs_fetch import DEFAULT_TIMEOUT
-    from peer.roles.adapters import fetch_adapter
+    from peer.network.blobs.fetch import DEFAULT_TIMEOUT
+    from peer.run.adapters import fetch_adapter
 
     return fetch_adapter(blobs, sha, size, announced, others, DEFAULT_TIMEOUT)
 

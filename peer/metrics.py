@@ -123,7 +123,7 @@ def _info(role: str, peer) -> Metric:
 
 
 class RolloutCollector(Collector):
-    """What a :class:`~peer.roles.rollout.RolloutPeer` has done, read from its stats, publisher and follower."""
+    """What a :class:`~peer.roles.rollout.peer.RolloutPeer` has done, read from its stats, publisher and follower."""
 
     def __init__(self, peer):
         self.peer = peer
@@ -168,7 +168,7 @@ class RolloutCollector(Collector):
 
 
 class LearnerCollector(Collector):
-    """What a :class:`~peer.roles.learner.LearnerPeer` has done, read from its counters, intake and heartbeat."""
+    """What a :class:`~peer.roles.learner.peer.LearnerPeer` has done, read from its counters, intake and heartbeat."""
 
     def __init__(self, peer):
         self.peer = peer

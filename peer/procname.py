@@ -1,7 +1,7 @@
 """Name a process as ``top``/``ps -o comm`` show it (Linux: its main thread's ``comm``; elsewhere nothing happens).
 
 A peer forks helper processes (its DHT node, its group publisher) that would otherwise all show the parent's name;
-named, a volunteer (and ``peer.bench.cpu``) can tell which one uses the CPU.
+named, a volunteer (and ``tests.benchmarks.cpu``) can tell which one uses the CPU.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Everything comes from the DHT, nothing from any one peer's word about the others
 ``{run}_peers`` (role, adapter version, throughput, last seen), the learners' :class:`~peer.protocol.MetricsRecord`
 under ``{run}_metrics`` (groups accepted / dropped / rejected, staleness, reward, bans, and per producer how many of
 its groups were used or refused), the learners' credit records under ``{run}_credit`` (per contributor over the
-whole run: :mod:`peer.roles.credit`), the adapter announcements, and the manifest. :func:`read_status` gathers them;
+whole run: :mod:`peer.run.credit`), the adapter announcements, and the manifest. :func:`read_status` gathers them;
 :func:`summarize` (pure) turns them into one JSON-ready dict; :func:`render` draws it as rich tables.
 
 It imports no torch itself; ``hivegrpo status`` is a small DHT client (``client_mode``, serving nobody) that
@@ -161,7 +161,7 @@ def summarize(
     With ``learners`` (the ``{run}_learners`` records) only admitted learners' heartbeats, metrics and
     announcements and credit records count, only the manifest's signer is the coordinator, and every other claim is
     listed under ``refused``; without (unit tests of the other parts) every record counts. ``credits``: the learners'
-    credit records, merged by maximum into ``contributors`` (see :mod:`peer.roles.credit`).
+    credit records, merged by maximum into ``contributors`` (see :mod:`peer.run.credit`).
     """
     now = time.time() if now is None else now
     manifest, problems = _manifest(run_id, manifests, peers, coordinator)
@@ -270,7 +270,7 @@ def summarize(
 
 def _contributors(peers, credits: list[tuple[bytes, CreditRecord]]) -> dict[str, Any]:
     """The learners' credit records merged by maximum, as rows (names from live heartbeats win: the newest)."""
-    from peer.roles.credit import contributor_rows, merged
+    from peer.run.credit import contributor_rows, merged
 
     table = merged([record for _, record in credits])
     names = {key_fingerprint(owner): r.name for owner, r in peers if getattr(r, "name", None)}
@@ -296,7 +296,7 @@ def sparkline(values: list[float], low: float = 0.0, high: float = 1.0) -> str:
 
 
 def _team_role(r) -> str | None:
-    """A learner's part in its team (peer.roles.team): ``leads`` or ``helps``; None for other roles."""
+    """A learner's part in its team (peer.roles.learner.team.lead): ``leads`` or ``helps``; None for other roles."""
     if r.role != "learner" or "leading" not in r.stats:
         return None
     return "leads" if r.stats["leading"] else "helps"

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from peer.network.buckets import Fetched
 from peer.protocol import GroupRecord
-from peer.roles.intake import Intake
+from peer.roles.learner.intake import Intake
 
 PEER_ID = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
 # Signing keys as the intake sees them (it only derives prompt seeds and fingerprints from them): two honest
@@ -25,7 +25,8 @@ SHA0 = hashlib.sha256(b"adapter v0").hexdigest()
 SHA1 = hashlib.sha256(b"adapter v1").hexdigest()
 GROUPS_PER_SIGNER = {A: 12, B: 8, M: 12}
 FORGIVEN_BY_DESIGN = frozenset({"schema", "duplicate", "unknown_version", "lineage"})
-"""Refusals that must not ban the signer (peer/roles/intake.py): a cut blob, an entry read twice, a version from
+"""Refusals that must not ban the signer (peer/roles/learner/intake.py): a cut blob, an entry read twice, a version
+from
 before a restart or of a learner that lost the lead. Every other refusal of ``check_group`` or a replay bans."""
 
 
@@ -40,8 +41,8 @@ def sample_run(groups_per_signer: dict[bytes, int] = GROUPS_PER_SIGNER) -> Simpl
     from peer.model.config import LoRAConfig, ModelConfig
     from peer.model.loading import bundled_path, load_base
     from peer.model.sampling import sample_groups
-    from peer.roles.rollout import build_groups
-    from peer.roles.run import run_spec
+    from peer.roles.rollout.peer import build_groups
+    from peer.run.spec import run_spec
 
     manifest = build_manifest(RunSettings(run_id="intake"), bundled_path(), "0" * 64, PEER_ID)
     spec = run_spec(manifest, A)

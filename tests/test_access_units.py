@@ -20,7 +20,7 @@ from peer.network.access import (
     parse_invite,
     sign_revocations,
 )
-from peer.network.blobs_wire import BlobRequest, ProtocolError
+from peer.network.blobs.wire import BlobRequest, ProtocolError
 
 HOST = RSAPrivateKey()
 ISSUER = issuer_key(HOST)

@@ -11,7 +11,7 @@ import pytest
 from peer.network import admission
 from peer.network.admission import Admitted, CredentialError
 from peer.protocol import AdapterRecord, LearnerRecord, adapter_key, learners_key, owner_subkey, to_dht_value
-from peer.roles.adapters import announcements, newest_announcement
+from peer.run.adapters import announcements, newest_announcement
 from tests.dict_swarm import DictSwarm, public, run_keys
 
 RUN = "adm"
@@ -186,7 +186,7 @@ def test_pushes_go_only_to_learners_whose_heartbeat_signer_is_admitted(keys):
 
 
 def test_a_version_whose_blob_does_not_load_is_refused_once_and_never_fetched_again(keys, tmp_path):
-    from peer.roles.adapters import AdapterFollower
+    from peer.run.adapters import AdapterFollower
 
     swarm = _Swarm(keys.host)
     _admit(swarm, admission.issue_credential(keys.host, RUN), keys.learner, "QmLearner")
@@ -238,7 +238,7 @@ def _record(version, sha, ancestors, learner="QmLearner"):
 
 
 def test_a_descendant_wins_over_a_higher_version_of_another_lineage():
-    from peer.roles.adapters import descends
+    from peer.run.adapters import descends
 
     ours = _record(6, SHA[6], [SHA[5], SHA[4], SHA[3]])  # continues v3 = SHA[3], held here
     theirs = _record(9, SHA[9], [SHA[8], SHA[7], SHA[12], SHA[11], SHA[10], SHA[14]])  # its v3 is not SHA[3]
@@ -252,7 +252,7 @@ def test_a_descendant_wins_over_a_higher_version_of_another_lineage():
 
 
 def test_a_learner_announces_the_ancestors_of_its_lineage():
-    from peer.roles.learner_io import Announcer
+    from peer.roles.learner.io import Announcer
 
     announcer = Announcer.__new__(Announcer)
     announcer.lineage = lambda: {0: SHA[0], 1: SHA[1], 2: SHA[2], 3: SHA[3]}

@@ -2,7 +2,7 @@
 
 from argparse import Namespace
 
-from peer.bench.learning import checkpoints, em_at, first_at, print_table, ratio, summarize
+from tests.benchmarks.learning import checkpoints, em_at, first_at, print_table, ratio, summarize
 
 CURVE = [(0.0, 0, 0.3), (15.1, 100, 0.56), (30.2, 200, 0.7), (45.0, 300, 0.81), (60.1, 400, 0.78), (75.3, 500, 0.9)]
 

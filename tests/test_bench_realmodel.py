@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from peer.bench import realmodel
-from peer.bench.realmodel import MARKER, log_time, model_complete, rollout_result, trend
+from tests.benchmarks import realmodel
+from tests.benchmarks.realmodel import MARKER, log_time, model_complete, rollout_result, trend
 
 
 def _folder(tmp_path: Path) -> Path:

@@ -1,6 +1,6 @@
 """The rollout benchmark's arithmetic on made-up ledgers (the benchmark itself runs whole swarms, never as a test)."""
 
-from peer.bench.rollouts import accepted_rate, gaps, own_rate, pct, propagation, share_of
+from tests.benchmarks.rollouts import accepted_rate, gaps, own_rate, pct, propagation, share_of
 
 
 def versions(*times_groups):

@@ -1,7 +1,7 @@
 """The spread benchmark's window arithmetic on made-up ledgers (the benchmark itself runs whole swarms, never as a
 test)."""
 
-from peer.bench.spread import (
+from tests.benchmarks.spread import (
     adapter_size,
     counter_span,
     peer_traffic,

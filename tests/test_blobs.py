@@ -336,7 +336,7 @@ def test_silent_streams_of_a_stranger_leave_the_provider_to_others(swarm, cache)
     their request, the others are closed at once), so another peer's fetch is served at once, not after the
     stranger's streams time out; the 4 are dropped at the request timeout."""
     from peer.network.blobs import PROTOCOL, fetch_blob
-    from peer.network.blobs_server import MAX_WAITING_PER_PEER, REQUEST_TIMEOUT
+    from peer.network.blobs.server import MAX_WAITING_PER_PEER, REQUEST_TIMEOUT
 
     data, good = swarm["blobs"]["small"], swarm["peers"]["good"]
 
@@ -371,7 +371,7 @@ def test_one_peer_is_served_at_most_max_streams_per_peer_at_once(swarm):
     """Four reads at once from one peer of a provider that takes 2 s a chunk: 2 are served, 2 answered "busy";
     another peer is served meanwhile (the provider's other slots stay open to it)."""
     from peer.network.blobs import ProviderFailed, read_blob_range
-    from peer.network.blobs_server import MAX_STREAMS_PER_PEER
+    from peer.network.blobs.server import MAX_STREAMS_PER_PEER
 
     data, dripping = swarm["blobs"]["small"], swarm["peers"]["dripping"]
 

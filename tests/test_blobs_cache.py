@@ -9,9 +9,9 @@ import pytest
 
 from peer.errors import UserError
 from peer.network.access import MAX_INVITE_CHARS
-from peer.network.blobs_cache import BlobCache, check_sha256
-from peer.network.blobs_errors import BlobCorrupt
-from peer.network.blobs_wire import (
+from peer.network.blobs.cache import BlobCache, check_sha256
+from peer.network.blobs.errors import BlobCorrupt
+from peer.network.blobs.wire import (
     MAX_HEADER,
     MAX_REQUEST,
     BlobRequest,

@@ -11,7 +11,7 @@ import pytest
 
 from peer.network import blobs_fetch
 from peer.network.blobs import PROTOCOL, BlobCache, BlobServer, BlobUnavailable, drip, fetch_blob
-from peer.network.blobs_wire import BlobRequest
+from peer.network.blobs.wire import BlobRequest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 P2P_KW = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False, use_auto_relay=False)
@@ -214,7 +214,7 @@ def test_a_reader_slower_than_min_rate_is_dropped_at_the_transfer_deadline(tmp_p
 def test_an_oversized_request_is_refused_from_its_length_alone(tmp_path):
     """A request's length prefix over MAX_REQUEST is answered "bad request" at once: the server does not wait for
     (or read) the body, and the stream never takes a slot."""
-    from peer.network.blobs_wire import MAX_REQUEST, BlobResponse, read_header
+    from peer.network.blobs.wire import MAX_REQUEST, BlobResponse, read_header
 
     store = BlobCache(tmp_path / "server")
 

@@ -35,7 +35,8 @@ def test_allow_task_reaches_the_rollout_and_learner_sessions(monkeypatch):
     from peer.cli import main
     from peer.network.admission import issue_credential
     from peer.network.swarm import load_signing_key
-    from peer.roles import learner, rollout
+    from peer.roles.learner import peer as learner
+    from peer.roles.rollout import peer as rollout
 
     seen = []
     monkeypatch.setattr(rollout, "run_rollout", lambda config, on_ready: seen.append(config) or {})

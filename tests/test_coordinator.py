@@ -1,7 +1,7 @@
 """The coordinator in real processes: `hivegrpo host` (with its web page) + `join` + `learn`, `hivegrpo status`,
 the host killed with SIGKILL mid-run (the swarm keeps going) and restarted with the same identity (it rejoins).
 
-The same run checks the contributors' credit (peer.roles.credit): the rollout peer's --name and its groups used
+The same run checks the contributors' credit (peer.run.credit): the rollout peer's --name and its groups used
 in status, the page and the join's progress line; a stranger's forged credit record ignored; credit that survives
 the host's restart (its state file) and the learner's SIGKILL (its journal), no count ever going down."""
 
@@ -223,7 +223,7 @@ def test_status_web_page_and_a_swarm_that_outlives_its_coordinator(tmp_path, pro
     # the learner killed with SIGKILL between checkpoints and restarted from its journal (while it starts: a
     # stranger's credit record, and `status --contributors`): no contributor's count goes down, and they grow again
     from peer.protocol import Credit, CreditRecord, credit_key, key_fingerprint, owner_subkey, to_dht_value
-    from peer.roles.credit import read_credits
+    from peer.run.credit import read_credits
     from peer.status import read_status
 
     swarm, _ = reader("coord1", [*info2["initial_peers"], *others])

@@ -66,7 +66,7 @@ def test_corrupt_and_truncated_copies_are_refused_and_nothing_corrupt_is_loaded(
     assert len(model_shas) == 30
 
     def mirrored() -> bool:
-        from peer.roles.adapters import announcements, newest_announcement
+        from peer.run.adapters import announcements, newest_announcement
 
         found = newest_announcement(announcements(swarm))
         return found is not None and found.version >= 3 and found.announcers == 3
@@ -139,7 +139,7 @@ def _peer_id(identity: Path) -> str:
 
 
 def _manifest_files(swarm, info: dict):
-    from peer.roles.run import read_manifest
+    from peer.run.spec import read_manifest
 
     manifest, _ = read_manifest(swarm, info["coordinator"])
     return manifest.model.files

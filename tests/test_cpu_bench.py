@@ -1,4 +1,4 @@
-"""Naming helper processes (peer.procname) and the CPU benchmark's labels and totals (peer.bench.cpu).
+"""Naming helper processes (peer.procname) and the CPU benchmark's labels and totals (tests.benchmarks.cpu).
 
 Whatever renames a process runs in a child, so this test runner keeps its own name; every child is ended by PID.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from peer.bench.cpu import CpuSampler, groups, label
+from tests.benchmarks.cpu import CpuSampler, groups, label
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -191,7 +191,7 @@ def test_the_command_line_measures_a_command_and_passes_on_its_exit_code(tmp_pat
     out = tmp_path / "cpu.json"
     command = [sys.executable, "-c", "import sys; sys.exit(3)"]
     done = subprocess.run(
-        [sys.executable, "-m", "peer.bench.cpu", "--every", "0.05", "--out", str(out), "--", *command],
+        [sys.executable, "-m", "tests.benchmarks.cpu", "--every", "0.05", "--out", str(out), "--", *command],
         env=ENV,
         capture_output=True,
         text=True,

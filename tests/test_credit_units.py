@@ -1,4 +1,4 @@
-"""Credit per contributor without a network (peer.roles.credit): counting in the intake, merging by maximum, the
+"""Credit per contributor without a network (peer.run.credit): counting in the intake, merging by maximum, the
 bounds, the record's schema, the checkpoint + journal + host state that keep it, the contributors table of status,
 and the rollout peer's progress line. The DHT is a dict here (``_Swarm``); signatures and credentials are real."""
 
@@ -26,9 +26,10 @@ from peer.protocol import (
     unpack,
 )
 from peer.protocol.limits import MAX_CREDIT, MAX_CREDIT_REASONS, MAX_CREDITED, MAX_DHT_VALUE_BYTES, MAX_INT
-from peer.roles.checkpoint import append_journal
-from peer.roles.credit import CreditTable, admitted_credits, contributor_rows, merge_admitted, merged, restore
-from peer.roles.progress import Counters, OwnCredit, Progress, progress_line
+from peer.roles.learner.checkpoint import append_journal
+from peer.roles.learner.checkpoint import restore_credit as restore
+from peer.roles.rollout.progress import Counters, OwnCredit, Progress, progress_line
+from peer.run.credit import CreditTable, admitted_credits, contributor_rows, merge_admitted, merged
 from peer.status import render, summarize
 from tests.dict_swarm import DictSwarm, public, run_keys
 

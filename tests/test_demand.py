@@ -26,7 +26,7 @@ from peer.protocol import (
 )
 from peer.protocol.limits import MAX_ANCESTORS, MAX_DHT_VALUE_BYTES, MAX_INT, MAX_PEER_ID_CHARS, MAX_PROVIDERS
 from peer.protocol.validators import make_validators
-from peer.roles.adapters import AdapterFollower, Announcement, newest_announcement
+from peer.run.adapters import AdapterFollower, Announcement, newest_announcement
 
 PEER_A = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
 PEER_B = "12D3KooWBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"

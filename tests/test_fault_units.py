@@ -13,8 +13,8 @@ import torch
 
 from peer.model.config import LoRAConfig
 from peer.model.peft_folder import blob_from_tensors
-from peer.roles import team
-from peer.roles.checkpoint import JOURNAL, append_journal, journal_chain, write_checkpoint
+from peer.roles.learner.checkpoint import JOURNAL, append_journal, journal_chain, write_checkpoint
+from peer.roles.learner.team import lead as team
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,7 +71,7 @@ class _Swarm:
 
 @pytest.fixture
 def announcer(monkeypatch):
-    from peer.roles import learner_io
+    from peer.roles.learner import io as learner_io
 
     announced = []
     monkeypatch.setattr(learner_io, "announce_adapter", lambda swarm, blobs, v, blob, parent, **_: announced.append(v))
@@ -173,7 +173,7 @@ class _Admitted:
 
 
 def _teamwork(answers: dict, helpers: list[str], admitted: set | None = None):
-    from peer.roles.teamwork import Teamwork
+    from peer.roles.learner.team.member import Teamwork
 
     followed = []
     session = SimpleNamespace(admitted=_Admitted(admitted))
@@ -221,7 +221,7 @@ def test_an_adapter_whose_announcers_are_gone_is_fetched_from_other_peers(tmp_pa
     from hivemind.p2p import PeerID
 
     from peer.network.blobs import BlobUnavailable
-    from peer.roles.adapters import fetch_adapter
+    from peer.run.adapters import fetch_adapter
 
     gone, holder, stranger = (PeerID(hashlib.sha256(n).digest()) for n in (b"gone", b"holder", b"stranger"))
     blob = tmp_path / "blob"

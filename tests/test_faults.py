@@ -54,7 +54,7 @@ class Watch:
 
     def _run(self) -> None:
         from peer.network.heartbeat import live_peers
-        from peer.roles.adapters import announcements
+        from peer.run.adapters import announcements
 
         while not self._stop.wait(0.25):
             try:

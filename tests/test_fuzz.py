@@ -19,7 +19,8 @@ What is generated, and what must happen (counts of the default run; the lower bo
 * **Readers**: ``from_dht_value`` and ``unpack`` of every top-level record type raise only ``RecordError`` on junk
   values and junk bytes (1,200 records); valid records with one part replaced by junk or by the same part of
   another valid record: reader and validator give the same answer, and what is accepted reads back exactly (400).
-* **Intake** (``peer.roles.intake.Intake`` on groups really sampled from the bundled model): honest groups of two
+* **Intake** (``peer.roles.learner.intake.Intake`` on groups really sampled from the bundled model): honest groups of
+two
   signers are admitted; one lie of a third signer among them (a changed reward, a token outside the vocabulary,
   the prompt of another seq, seed, example or signer, the wrong number of completions, a completion over
   ``max_new_tokens``, an unknown or future adapter version, another lineage's sha256, a replayed seq, a duplicate,
@@ -64,8 +65,8 @@ from peer.protocol.records import (
     to_dht_value,
     unpack,
 )
-from peer.roles.run import prompt_seed
-from peer.roles.verify import REASONS, Refused
+from peer.roles.learner.verify import REASONS, Refused
+from peer.run.spec import prompt_seed
 from tests import intake_helpers as ih
 from tests import record_strategies as rs
 from tests import test_protocol as tp

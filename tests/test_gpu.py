@@ -77,10 +77,10 @@ def test_sampling_on_the_gpu_is_reproducible_and_its_logprobs_match_a_forward_pa
 def test_a_micro_batched_step_on_the_gpu_gives_the_whole_batchs_gradient():
     from types import SimpleNamespace
 
-    from peer.bench import verification as bench
     from peer.model.sampling import sample_groups
-    from peer.roles.rollout import build_groups
-    from peer.roles.update import batch_tensors, share_gradient
+    from peer.roles.learner.update import batch_tensors, share_gradient
+    from peer.roles.rollout.peer import build_groups
+    from tests.benchmarks import verification as bench
 
     spec = bench.run_spec()
     base, model = _gpu_model("nf4", dtype="float32")
@@ -114,7 +114,7 @@ def test_a_micro_batched_step_on_the_gpu_gives_the_whole_batchs_gradient():
 
 
 def test_a_real_cuda_out_of_memory_halves_the_batch():
-    from peer.roles.memory import in_batches
+    from peer.model.memory import in_batches
 
     free, _ = torch.cuda.mem_get_info()
     per_item = free // 6  # 4 items fit, 8 do not
@@ -129,10 +129,10 @@ def test_a_real_cuda_out_of_memory_halves_the_batch():
 
 
 def test_a_bfloat16_gpu_peer_passes_a_float32_cpu_learners_spot_check():
-    from peer.bench import verification as bench
     from peer.model.sampling import sample_groups
-    from peer.roles.rollout import build_groups
-    from peer.roles.verify import check_logprobs_many
+    from peer.roles.learner.verify import check_logprobs_many
+    from peer.roles.rollout.peer import build_groups
+    from tests.benchmarks import verification as bench
 
     spec = bench.run_spec()
     versions = bench.train_versions(spec, 4)

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from peer.protocol import Completion, GroupRecord, encode_tokens
-from peer.roles import intake as intake_module
-from peer.roles.intake import RECENT_SIGNAL
-from peer.roles.verify import REWARD_TOLERANCE, Refused
+from peer.roles.learner import intake as intake_module
+from peer.roles.learner.intake import RECENT_SIGNAL
+from peer.roles.learner.verify import REWARD_TOLERANCE, Refused
 from tests import intake_helpers as ih
 
 # per seq: how many of the G completions answer right (0 or G: no signal)
@@ -28,7 +28,7 @@ def has_signal(group) -> bool:
 def make_group(run, owner: bytes, seq: int, right: int) -> GroupRecord:
     """An honest v0 group of ``owner``'s example ``seq`` whose first ``right`` completions are the answer."""
     from peer.model.prompts import completion_text, prompt_ids
-    from peer.roles.run import prompt_seed
+    from peer.run.spec import prompt_seed
 
     spec, tokenizer, G = run.spec, run.tokenizer, run.spec.sampling.group_size
     example = spec.example(owner, seq)
@@ -53,7 +53,7 @@ def make_group(run, owner: bytes, seq: int, right: int) -> GroupRecord:
 def run():
     from coordinator.manifest import RunSettings, build_manifest
     from peer.model.loading import bundled_path, load_tokenizer
-    from peer.roles.run import run_spec
+    from peer.run.spec import run_spec
 
     manifest = build_manifest(RunSettings(run_id="intake"), bundled_path(), "0" * 64, ih.PEER_ID)
     run = SimpleNamespace(spec=run_spec(manifest, ih.A), tokenizer=load_tokenizer(bundled_path()), groups={})
@@ -78,7 +78,7 @@ def spread(run, owner):
 
 
 def test_the_groups_made_here_pass_the_intakes_checks(run):
-    from peer.roles.verify import check_group
+    from peer.roles.learner.verify import check_group
 
     for owner, groups in run.groups.items():
         for g in groups:
@@ -216,7 +216,7 @@ def test_a_spread_within_the_reward_tolerance_does_not_make_a_flat_group_take_a_
     # The rewards check forgives up to REWARD_TOLERANCE per completion; a group whose real rewards are all equal
     # (all wrong: 0, all right: 1) must not pass as one with signal by claiming a spread that small (its
     # advantages would not be zero). Rewards are fractions: the claim moves into [0, 1].
-    from peer.roles.verify import check_group
+    from peer.roles.learner.verify import check_group
 
     g = next(g for g in flat(run, ih.A) if g.rewards[0] == r)
     rewards = list(g.rewards)

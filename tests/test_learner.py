@@ -41,7 +41,7 @@ def _fingerprint(identity: Path) -> str:
 
 
 def _announced(swarm) -> dict[int, set[str]]:
-    from peer.roles.adapters import announcements
+    from peer.run.adapters import announcements
 
     out: dict[int, set[str]] = {}
     for _, record in announcements(swarm):
@@ -56,10 +56,10 @@ def test_one_rollout_peer_and_one_learner_make_versions_the_rollout_peer_follows
     from peer.model.adapter import adapter_to_bytes, attach_lora, sha256_hex
     from peer.model.config import ModelConfig
     from peer.model.loading import load_base
-    from peer.network.blobs_cache import BlobCache
+    from peer.network.blobs.cache import BlobCache
     from peer.network.buckets import DHTBucketStore
-    from peer.roles.adapters import announcements
-    from peer.roles.run import read_manifest, run_spec
+    from peer.run.adapters import announcements
+    from peer.run.spec import read_manifest, run_spec
 
     host, info = start_host(procs, tmp_path, "learn1", "--groups-per-version", "4", "--tau-max", "3")
     rollout = procs.start(

@@ -14,8 +14,8 @@ from peer.errors import UserError
 from peer.grpo import staleness_weight
 from peer.network.buckets import Fetched
 from peer.protocol import GroupRecord, key_fingerprint
-from peer.roles.intake import Intake
-from peer.roles.learner import batch_tensors, learn_step, read_checkpoint, write_checkpoint
+from peer.roles.learner.intake import Intake
+from peer.roles.learner.peer import batch_tensors, learn_step, read_checkpoint, write_checkpoint
 from tests.intake_helpers import SHA0, SHA1, changed, new_intake, sample_run
 from tests.intake_helpers import fetched as entry
 
@@ -99,7 +99,7 @@ def test_someone_elses_prompt_bans_and_another_lineages_version_is_only_refused(
 
 
 def test_a_long_run_of_another_lineages_groups_bans_a_short_one_is_forgiven(setup):
-    from peer.roles.intake import STRIKE_UPDATES
+    from peer.roles.learner.intake import STRIKE_UPDATES
 
     it = intake(setup)
     limit = STRIKE_UPDATES * it.batch * (setup.spec.staleness.tau_max + 1)
@@ -189,7 +189,7 @@ def test_spot_checked_groups_wait_for_their_check(setup):
     first, second = it.pending_checks()
     it.checked(first, None)
     assert it.waiting() == 1
-    from peer.roles.verify import Refused
+    from peer.roles.learner.verify import Refused
 
     it.checked(second, Refused("logprobs", "off by 3"))
     assert A in it.banned and it.waiting() == 0
@@ -197,7 +197,7 @@ def test_spot_checked_groups_wait_for_their_check(setup):
 
 def test_spot_checks_catch_forged_logprobs_on_the_real_model(setup):
     from peer.protocol import Completion
-    from peer.roles.verify import check_logprobs
+    from peer.roles.learner.verify import check_logprobs
 
     g = setup.groups[A][0]
     assert check_logprobs(setup.model, g, setup.spec, 1e-3) is None
@@ -209,7 +209,7 @@ def test_spot_checks_catch_forged_logprobs_on_the_real_model(setup):
 
 def test_batched_spot_checks_judge_each_group_as_alone(setup):
     from peer.protocol import Completion, encode_tokens
-    from peer.roles.verify import check_logprobs, check_logprobs_many
+    from peer.roles.learner.verify import check_logprobs, check_logprobs_many
 
     groups = setup.groups[A][:3] + setup.groups[B][:2]
     forged = [Completion.of(c.tokens(), [-0.01] * len(c.tokens())) for c in groups[2].completions]
@@ -302,7 +302,7 @@ def test_checkpoints_round_trip_and_refuse_a_corrupt_one(tmp_path):
 
 def test_the_fetcher_reads_every_group_published_into_its_window_once(setup):
     from peer.network.buckets import MemoryBucketStore
-    from peer.roles.learner_io import Fetcher as _Fetcher
+    from peer.roles.learner.io import Fetcher as _Fetcher
 
     store = MemoryBucketStore(A)
     fetcher = _Fetcher(store, window=4, interval=0.01)  # polled by hand here, not on its thread
@@ -338,7 +338,7 @@ def test_the_fetcher_reads_every_group_published_into_its_window_once(setup):
 
 def test_the_fetcher_does_not_read_what_banned_signers_publish(setup):
     from peer.network.buckets import MemoryBucketStore
-    from peer.roles.learner_io import Fetcher as _Fetcher
+    from peer.roles.learner.io import Fetcher as _Fetcher
 
     entries: dict = {}
     store_a, store_b = MemoryBucketStore(A, entries), MemoryBucketStore(B, entries)
@@ -355,12 +355,12 @@ def test_the_fetcher_does_not_read_what_banned_signers_publish(setup):
     assert [fetcher.queue.get_nowait().owner for _ in range(fetcher.queue.qsize())] == [B], "not marked seen"
 
 
-# --- an update in shares (several learners, peer.roles.update) -------------------------------------------------------
+# --- an update in shares (several learners, peer.roles.learner.update) -----------------------------------------------
 
 
 def test_shares_combined_by_tokens_are_the_whole_batch_gradient_and_replay_bit_for_bit(setup):
     from peer.model.adapter import adapter_to_bytes, lora_parameters
-    from peer.roles.update import (
+    from peer.roles.learner.update import (
         apply_gradient,
         combine,
         share_gradient,
@@ -407,8 +407,8 @@ def test_shares_combined_by_tokens_are_the_whole_batch_gradient_and_replay_bit_f
 
 
 def test_split_and_who_wins():
-    from peer.roles.team import wins
-    from peer.roles.teamwork import _split
+    from peer.roles.learner.team.lead import wins
+    from peer.roles.learner.team.member import _split
 
     assert _split(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
     assert _split([1], 2) == [[1], []] and _split([], 1) == [[]]
@@ -417,13 +417,13 @@ def test_split_and_who_wins():
 
 def test_the_leaders_answers_to_a_helper(setup):
     """The team protocol's leader side on its own: state, steps, a task, a redirect, a refusal — each answer as a
-    helper checks it (peer.roles.team_messages)."""
+    helper checks it (peer.roles.learner.team.messages)."""
     import asyncio
     import threading
     import time
 
-    from peer.roles.team import Lead
-    from peer.roles.team_messages import parse_work_answer
+    from peer.roles.learner.team.lead import Lead
+    from peer.roles.learner.team.messages import parse_work_answer
 
     leader, helper = "12D3KooWLeader", "12D3KooWHe1per"
     lead = Lead(leader)
@@ -478,7 +478,7 @@ def test_the_leaders_answers_to_a_helper(setup):
 def test_a_private_swarms_leader_answers_only_invited_learners():
     import asyncio
 
-    from peer.roles.team import Lead
+    from peer.roles.learner.team.lead import Lead
 
     access = SimpleNamespace(
         check=lambda invite: None if invite == "hgi1.good" else "no invite: this swarm is private"
@@ -501,7 +501,7 @@ def _made_up(setup, owner: bytes, seq: int, version: int, sha: str) -> GroupReco
 def test_a_flood_100_times_the_honest_rate_stays_under_the_cap_and_in_bounded_memory(setup):
     """Signer A publishes 100 groups per version (spot checks off: as if they were honest), B one: every update
     takes at most the cap from A, and what the intake keeps of A (pool, seqs) stays bounded however long it goes."""
-    from peer.roles.intake import FORGET_EVERY, FORGET_MARGIN
+    from peer.roles.learner.intake import FORGET_EVERY, FORGET_MARGIN
 
     it = intake(setup, batch=4, share_cap=0.5)
     tau_max = setup.spec.staleness.tau_max

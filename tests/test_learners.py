@@ -28,7 +28,7 @@ def _ledger(path: Path) -> dict[int, dict]:
 
 @pytest.mark.timeout(420)
 def test_two_learners_make_one_lineage_and_the_helper_takes_over_when_the_leader_dies(tmp_path, procs, reader):
-    from peer.roles.adapters import announcements
+    from peer.run.adapters import announcements
 
     host, info = start_host(procs, tmp_path, "team1", "--groups-per-version", "4", "--tau-max", "4")
     rollout = procs.start("rollout", "join", *join_args(info), "--cache-dir", str(tmp_path / "r"), "--batch-size", "4")

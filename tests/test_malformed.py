@@ -57,7 +57,7 @@ from peer.protocol.records import (
     unpack,
 )
 from peer.protocol.version import PROTOCOL_VERSION
-from peer.roles.verify import Refused
+from peer.roles.learner.verify import Refused
 from tests import intake_helpers as ih
 from tests import test_protocol as tp
 from tests.test_protocol_validators import KEY_A, KEY_B, PUB_A, PUB_B, RUN, composite, forge, record, signed

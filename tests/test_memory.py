@@ -1,4 +1,4 @@
-"""Memory on the rollout side (peer/roles/memory.py, RolloutPeer.sample): the per-row estimate against a measured
+"""Memory on the rollout side (peer/model/memory.py, RolloutPeer.sample): the per-row estimate against a measured
 peak, the batch size it gives under --max-memory, and the back-off when memory runs out — by an injected sampler
 that raises CUDA's OutOfMemoryError above a size, and by a real budget too small for the batch."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from peer.errors import UserError
-from peer.roles.memory import (
+from peer.model.memory import (
     auto_batch_size,
     in_batches,
     memory_budget,
@@ -45,7 +45,7 @@ def test_max_memory_on_the_command_line(monkeypatch):
     from click.testing import CliRunner
 
     from peer.cli import main
-    from peer.roles import rollout
+    from peer.roles.rollout import peer as rollout
 
     seen = []
     monkeypatch.setattr(rollout, "run_rollout", lambda config, on_ready: seen.append(config) or {})
@@ -204,8 +204,8 @@ def peer():
     from peer.model.adapter import attach_lora
     from peer.model.config import LoRAConfig, ModelConfig
     from peer.model.loading import bundled_path, load_base
-    from peer.roles.rollout import RolloutConfig, RolloutPeer
-    from peer.roles.run import run_spec
+    from peer.roles.rollout.peer import RolloutConfig, RolloutPeer
+    from peer.run.spec import run_spec
 
     manifest = build_manifest(RunSettings(run_id="memory"), bundled_path(), "0" * 64, "12D3KooWmemory")
     base = load_base(ModelConfig(name="bundled", quantization="nf4", device="cpu"))
@@ -249,8 +249,8 @@ def test_a_rollout_peer_backs_off_from_a_sampler_that_runs_out_of_memory_and_kee
 
 def test_a_rollout_peer_halves_a_batch_whose_estimate_exceeds_max_memory(peer):
     """A real, forced budget: --max-memory leaves room for the estimate of 2 prompts' groups (not 3)."""
-    from peer.roles.memory import compute_dtype
-    from peer.roles.rollout import RolloutConfig
+    from peer.model.memory import compute_dtype
+    from peer.roles.rollout.peer import RolloutConfig
 
     s = peer.spec.sampling
     longest = peer._prompt_tokens([peer.spec.example(OWNER, i).prompt for i in range(50, 58)])

@@ -1,4 +1,4 @@
-"""A rollout peer's pacing to its learners' demand (peer.roles.rollout.Pacer and RolloutPeer._wait_for_learners).
+"""A rollout peer's pacing to its learners' demand (peer.roles.rollout.peer.Pacer and RolloutPeer._wait_for_learners).
 
 Pure arithmetic for the pacer; for the wait, a RolloutPeer made without ``__init__`` holds fakes of its follower
 (the demand it read) and its backlog (the bucket count), as in tests/test_rollout_units.py.
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from peer.protocol import Demand
-from peer.roles.rollout import Pacer, RolloutPeer, _Backlog
+from peer.roles.rollout.peer import Pacer, RolloutPeer, _Backlog
 
 
 def demand(gps: float, waiting: int = 16, contributors: int = 1) -> Demand:

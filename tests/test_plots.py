@@ -55,7 +55,9 @@ def test_the_demo_report_with_matplotlib_writes_both_plots(tmp_path):
 
 @pytest.mark.parametrize("bench", ["rollouts", "learning"])
 def test_a_benchmark_asked_to_plot_without_matplotlib_stops_at_once_with_one_line(bench, tmp_path):
-    out = _without_matplotlib(f"from peer.bench.{bench} import main; main(['--plot', {str(tmp_path / 'x.png')!r}])")
+    out = _without_matplotlib(
+        f"from tests.benchmarks.{bench} import main; main(['--plot', {str(tmp_path / 'x.png')!r}])"
+    )
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert out.stderr.strip().splitlines() == [
         "--plot needs matplotlib, which is not installed: pip install 'hivegrpo[plots]'"

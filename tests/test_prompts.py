@@ -267,7 +267,7 @@ def _manifest(folder, prompt):
 
 
 def test_the_manifest_carries_the_prompt_settings_only_when_set(template_model):
-    from peer.roles.run import run_spec
+    from peer.run.spec import run_spec
 
     plain = _manifest(template_model, PromptConfig())
     assert "prompt" not in plain.grpo() and run_spec(plain, b"").prompt == PromptConfig()
@@ -300,7 +300,7 @@ def test_a_host_cannot_publish_a_template_its_model_lacks_or_a_manifest_too_larg
     ],
 )
 def test_a_peer_refuses_a_manifest_with_bad_prompt_settings(template_model, prompt, message):
-    from peer.roles.run import ManifestError, run_spec
+    from peer.run.spec import ManifestError, run_spec
 
     m = _manifest(template_model, PromptConfig())
     bad = m.copy(update={"grpo_json": json.dumps({**m.grpo(), "prompt": prompt})})
@@ -309,9 +309,9 @@ def test_a_peer_refuses_a_manifest_with_bad_prompt_settings(template_model, prom
 
 
 def test_the_learner_checks_prompt_tokens_against_the_chat_template(template_model, model, chat_tokenizer):
-    from peer.roles.rollout import build_groups
-    from peer.roles.run import run_spec
-    from peer.roles.verify import check_group
+    from peer.roles.learner.verify import check_group
+    from peer.roles.rollout.peer import build_groups
+    from peer.run.spec import run_spec
 
     owner, sha = b"owner-key", "a" * 64
     spec = run_spec(_manifest(template_model, PromptConfig(chat_template="auto", system_prompt="9", stop=("0",))), b"")

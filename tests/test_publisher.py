@@ -11,7 +11,7 @@ import torch
 from peer.model.sampling import Completions
 from peer.network.buckets import MemoryBucketStore
 from peer.protocol import Completion, GroupRecord, encode_tokens
-from peer.roles.publisher import Publisher, Sampled
+from peer.roles.rollout.publisher import Publisher, Sampled
 
 OWNER = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/owner=="
 SHA = hashlib.sha256(b"adapter v1").hexdigest()

@@ -25,9 +25,9 @@ def test_rollout_peer_publishes_verifiable_groups_and_follows_a_new_adapter(tmp_
     from peer.network.buckets import DHTBucketStore
     from peer.network.heartbeat import live_peers
     from peer.protocol import key_fingerprint
-    from peer.roles.adapters import announce_adapter
-    from peer.roles.run import read_manifest, run_spec
-    from peer.roles.verify import check_group, check_logprobs
+    from peer.roles.learner.verify import check_group, check_logprobs
+    from peer.run.adapters import announce_adapter
+    from peer.run.spec import read_manifest, run_spec
 
     info_file = tmp_path / "info.json"
     model = model_copy(tmp_path)  # named by its folder only: the rollout peer must fetch it over P2P
@@ -182,7 +182,7 @@ def _join_fails(procs, tmp_path, run_id, initial_peers, cache: Path) -> str:
 
 
 def _cache_holds_nothing_for(cache: Path, sha256: str) -> None:
-    from peer.network.blobs_cache import BlobCache
+    from peer.network.blobs.cache import BlobCache
 
     assert not BlobCache(cache / "blobs").has(sha256)
     models = cache / "models"

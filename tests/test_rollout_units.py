@@ -19,7 +19,7 @@ from coordinator.manifest import RunSettings, build_manifest, published_name
 from peer.errors import UserError
 from peer.grpo.config import StalenessConfig
 from peer.model.loading import bundled_path
-from peer.network.blobs_cache import BlobCache, sha256_file
+from peer.network.blobs.cache import BlobCache, sha256_file
 from peer.network.buckets import MemoryBucketStore, _count_of
 from peer.protocol import (
     MAX_GROUPS_PER_ENTRY,
@@ -44,12 +44,12 @@ from peer.protocol import (
     to_dht_value,
     unpack,
 )
-from peer.roles import rollout
-from peer.roles.adapters import Announcement, newest_announcement
-from peer.roles.basemodel import ModelSourceError, model_files, resolve_base
-from peer.roles.rollout import _SeqCounter, build_groups, recent_rate
-from peer.roles.run import ManifestError, prompt_seed, run_spec
-from peer.roles.verify import REASONS, Refused, check_group, check_logprobs
+from peer.roles.learner.verify import REASONS, Refused, check_group, check_logprobs
+from peer.roles.rollout import peer as rollout
+from peer.roles.rollout.peer import _SeqCounter, build_groups, recent_rate
+from peer.run.adapters import Announcement, newest_announcement
+from peer.run.basemodel import ModelSourceError, model_files, resolve_base
+from peer.run.spec import ManifestError, prompt_seed, run_spec
 
 PEER_ID = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
 PEER_B = "12D3KooWBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"
@@ -583,7 +583,7 @@ def test_the_heartbeat_rate_counts_what_the_span_covers():
 
 def test_backpressure_pauses_for_a_new_version_but_not_forever():
 
-    from peer.roles.rollout import RolloutPeer
+    from peer.roles.rollout.peer import RolloutPeer
 
     class Follower:  # no new version ever comes (a learner whose updates had no signal)
         def wait(self, timeout):
@@ -622,7 +622,7 @@ def test_the_backlog_never_counts_fewer_than_this_peers_own_groups():
 
 
 def test_received_counts_the_bytes_of_every_transfer_attempt():
-    from peer.roles.adapters import Received
+    from peer.run.adapters import Received
 
     r = Received()
     r(10, 30)

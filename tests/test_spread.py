@@ -11,12 +11,12 @@ import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
 from peer.network.blobs import BlobCache, BlobServer, BlobUnavailable, fetch_blob
-from peer.network.blobs_server import MIN_UPLOAD, Seeding, UploadLimit
+from peer.network.blobs.server import MIN_UPLOAD, Seeding, UploadLimit
 from peer.network.holders import HOLDERS_WANTED, BadHolders, advertise, read_holders
 from peer.protocol import HolderRecord, holders_key, owner_subkey, to_dht_value
 from peer.protocol.limits import HOLDER_RING
-from peer.roles import adapters
-from peer.roles.adapters import Announcement, fetch_adapter, fetch_version
+from peer.run import adapters
+from peer.run.adapters import Announcement, fetch_adapter, fetch_version
 from tests.dict_swarm import DictSwarm
 from tests.test_blobs_limits import with_peers
 
@@ -351,7 +351,7 @@ def test_a_fetch_that_nobody_can_serve_says_so_at_once_on_failures_that_will_not
 
 
 def test_a_follower_reads_the_announcements_less_often_when_versions_come_slowly():
-    from peer.roles.adapters import MAX_POLL, AdapterFollower
+    from peer.run.adapters import MAX_POLL, AdapterFollower
 
     follower = AdapterFollower(None, None, 0, interval=0.5)
     assert follower.poll_every() == 0.5  # nothing known yet
@@ -391,7 +391,7 @@ def test_in_a_swarm_the_announcer_sends_each_version_twice_and_the_followers_pas
 
     from peer.network.blobs import BlobService
     from peer.network.swarm import NetworkConfig, join
-    from peer.roles.adapters import AdapterFollower, announce_adapter
+    from peer.run.adapters import AdapterFollower, announce_adapter
 
     size = 200_000
     blobs = [os.urandom(size) for _ in range(4)]

@@ -1,6 +1,8 @@
-"""The team protocol's defences (peer/roles/team.py, "Trust"): what a learner reads of another's messages, and how.
+"""The team protocol's defences (peer/roles/learner/team/lead.py, "Trust"): what a learner reads of another's
+messages, and how.
 
-* requests and answers go through strict, bounded schemas (peer/roles/team_messages.py): each malformed message is
+* requests and answers go through strict, bounded schemas (peer/roles/learner/team/messages.py): each malformed
+message is
   refused with a sentence naming the field;
 * the rpc layer checks who calls before reading a byte, caps a request's bytes before reading them and its maps and
   arrays while unpacking — with two real P2P daemons in this process;
@@ -22,10 +24,10 @@ import pytest
 import torch
 
 from peer.network import rpc
-from peer.network.blobs_wire import ProtocolError
-from peer.roles import team
-from peer.roles import team_messages as messages
-from peer.roles.intake import Intake
+from peer.network.blobs.wire import ProtocolError
+from peer.roles.learner.intake import Intake
+from peer.roles.learner.team import lead as team
+from peer.roles.learner.team import messages
 
 LEADER = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
 HELPER = "12D3KooWGRUVh7ZeEyWQQ5J3iWm2QnWvJCnTJ1Nmqv3pCd7P2Nf1"
@@ -303,7 +305,7 @@ def test_over_p2p_a_strangers_request_is_not_read_and_an_oversized_or_malformed_
 
 
 def test_a_helper_checks_the_leaders_answers_and_asks_for_the_whole_state_after_a_malformed_one():
-    from peer.roles.teamwork import Teamwork
+    from peer.roles.learner.team.member import Teamwork
 
     malformed = {"steps": [step(sha="not a sha")], "members": [LEADER]}
     client = team.TeamClient(SimpleNamespace(run_coroutine=lambda go, timeout: malformed), None)
@@ -336,7 +338,7 @@ def _stepped_adamw(lr: float, steps: int, seed: int = 0):
 
 
 def test_the_adamw_state_travels_as_counts_and_safetensors_and_keeps_the_receivers_hyper_parameters():
-    from peer.roles.update import optimizer_state_from_wire, optimizer_state_to_wire
+    from peer.roles.learner.update import optimizer_state_from_wire, optimizer_state_to_wire
 
     params, sender = _stepped_adamw(lr=1e-2, steps=3)
     wire = optimizer_state_to_wire(sender)
@@ -361,7 +363,7 @@ def test_the_adamw_state_travels_as_counts_and_safetensors_and_keeps_the_receive
 def test_an_adamw_state_that_does_not_fit_is_refused():
     from safetensors.torch import load, save
 
-    from peer.roles.update import optimizer_state_from_wire, optimizer_state_to_wire
+    from peer.roles.learner.update import optimizer_state_from_wire, optimizer_state_to_wire
 
     _, sender = _stepped_adamw(lr=1e-2, steps=2)
     _, receiver = _stepped_adamw(lr=1e-2, steps=0)
@@ -400,7 +402,7 @@ def run():
 
 def _helper(run, optimizer):
     """A Teamwork helping LEADER, on a stand-in learner holding ``run.model`` at v0 (sha SHA0)."""
-    from peer.roles.teamwork import Teamwork
+    from peer.roles.learner.team.member import Teamwork
 
     advanced = []
     intake = Intake(run.spec, run.tokenizer, batch=4)
@@ -442,7 +444,7 @@ def _helper(run, optimizer):
 
 def test_a_helper_keeps_the_leaders_used_seqs_reports_its_bans_and_forgets_them_when_it_leads(run):
     from peer.model.adapter import adapter_to_bytes, lora_parameters, sha256_hex
-    from peer.roles.update import apply_gradient, tensors_to_bytes
+    from peer.roles.learner.update import apply_gradient, tensors_to_bytes
 
     params = lora_parameters(run.model)
     start = [p.detach().clone() for p in params]
@@ -482,7 +484,7 @@ def test_a_helper_takes_a_leaders_state_without_its_bans_and_refuses_one_that_do
     from safetensors.torch import save
 
     from peer.model.adapter import lora_parameters
-    from peer.roles.update import optimizer_state_to_wire
+    from peer.roles.learner.update import optimizer_state_to_wire
 
     params = lora_parameters(run.model)
     leader_optimizer = torch.optim.AdamW(params, lr=1e-2)
@@ -518,7 +520,7 @@ def test_a_helper_takes_a_leaders_state_without_its_bans_and_refuses_one_that_do
 
 
 def test_the_leader_counts_a_shares_tokens_as_the_helper_does(run):
-    from peer.roles.update import batch_tensors, share_gradient, signal_tokens
+    from peer.roles.learner.update import batch_tensors, share_gradient, signal_tokens
 
     groups = [SimpleNamespace(owner=X, group=g) for g in run.groups[X]]
     pad, cpu = run.tokenizer.pad_token_id, torch.device("cpu")
@@ -529,8 +531,8 @@ def test_the_leader_counts_a_shares_tokens_as_the_helper_does(run):
 
 
 def test_a_helper_that_claims_ten_times_its_tokens_does_not_get_ten_times_the_weight(run, monkeypatch):
-    from peer.roles.teamwork import _split
-    from peer.roles.update import batch_tensors, combine, share_gradient, tensors_to_bytes
+    from peer.roles.learner.team.member import _split
+    from peer.roles.learner.update import batch_tensors, combine, share_gradient, tensors_to_bytes
 
     monkeypatch.setattr(team, "POLL_WAIT", 0.0)
     chosen = [SimpleNamespace(owner=X, group=g) for g in run.groups[X] if len(set(g.rewards)) > 1][:4]
@@ -541,7 +543,7 @@ def test_a_helper_that_claims_ten_times_its_tokens_does_not_get_ten_times_the_we
     def share(part):
         return share_gradient(run.model, batch_tensors(part, 0, run.spec, pad, cpu), run.spec) if part else None
 
-    from peer.roles.teamwork import Teamwork
+    from peer.roles.learner.team.member import Teamwork
 
     peer = SimpleNamespace(
         session=SimpleNamespace(model=run.model, version=0, spec=run.spec),

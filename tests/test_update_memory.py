@@ -1,4 +1,4 @@
-"""A learner's update in less memory (peer/roles/update.py): micro-batches and gradient checkpointing give the
+"""A learner's update in less memory (peer/roles/learner/update.py): micro-batches and gradient checkpointing give the
 whole batch's gradient and statistics, and running out of memory halves the micro-batch tokens and redoes the step.
 On the bundled model in nf4 with LoRA, groups of varied lengths, the KL term on, an adapter moved off its initial
 value (so ratios leave 1, some tokens clip, the KL is not zero)."""
@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from peer.errors import UserError
-from peer.roles.update import MicroBatcher, batch_tensors, enable_gradient_checkpointing, micro_batches, share_gradient
+from peer.roles.learner.update import (
+    MicroBatcher,
+    batch_tensors,
+    enable_gradient_checkpointing,
+    micro_batches,
+    share_gradient,
+)
 from tests.intake_helpers import PEER_ID, SHA0, A
 
 # max |micro - whole| over a tensor, relative to that tensor's largest |whole|. In fp32 on nf4 the sums' order alone
@@ -25,8 +31,8 @@ def _build(quantization: str, dtype: torch.dtype) -> SimpleNamespace:
     from peer.model.config import LoRAConfig, ModelConfig
     from peer.model.loading import bundled_path, load_base
     from peer.model.sampling import sample_groups
-    from peer.roles.rollout import build_groups
-    from peer.roles.run import run_spec
+    from peer.roles.rollout.peer import build_groups
+    from peer.run.spec import run_spec
 
     manifest = build_manifest(RunSettings(run_id="micro"), bundled_path(), "0" * 64, PEER_ID)
     spec = run_spec(manifest, A)
@@ -159,8 +165,8 @@ def test_gradient_checkpointing_gives_the_same_gradient(run):
 
 
 def test_micro_batch_tokens_are_validated():
-    from peer.roles.learner import LearnerConfig
-    from peer.roles.reference import ReferenceConfig
+    from peer.roles.learner.peer import LearnerConfig
+    from peer.roles.learner.reference import ReferenceConfig
 
     with pytest.raises(ValueError, match="micro_batch_tokens must be >= 1"):
         LearnerConfig(run_id="r", micro_batch_tokens=0)

@@ -1,12 +1,13 @@
 """The log-prob spot check on the bundled model: honest groups sampled in bfloat16 pass a float32 verifier, lies do
 not. The adapter is trained a few GRPO steps first, so its LoRA is not the all-zero-B initial one; the sampler is
-built as :mod:`peer.bench.verification` builds it (docs/reliability.md, Verification, has the full-size table)."""
+built as :mod:`tests.benchmarks.verification` builds it (docs/reliability.md, Verification, has the full-size
+table)."""
 
 import pytest
 import torch
 
-from peer.bench import verification as bench
-from peer.roles.verify import LogprobCheck, check_logprobs, check_logprobs_many
+from peer.roles.learner.verify import LogprobCheck, check_logprobs, check_logprobs_many
+from tests.benchmarks import verification as bench
 
 torch.set_num_threads(1)
 

@@ -1,5 +1,5 @@
 """The log-prob spot check's statistics on tensors and numbers alone: per-token entropy and variance, the sampling
-test's z, each threshold of :class:`~peer.roles.verify.LogprobCheck` and its refusal sentence. No model."""
+test's z, each threshold of :class:`~peer.roles.learner.verify.LogprobCheck` and its refusal sentence. No model."""
 
 import math
 
@@ -8,7 +8,7 @@ import torch
 
 from peer.grpo import completion_logprobs
 from peer.grpo.logprobs import completion_token_stats, token_logprobs, token_stats
-from peer.roles.verify import GroupLogprobStats, LogprobCheck, TokenRows, judge_logprobs
+from peer.roles.learner.verify import GroupLogprobStats, LogprobCheck, TokenRows, judge_logprobs
 
 torch.set_num_threads(1)
 

@@ -1,7 +1,7 @@
 """The demo's observer: a peer of the run (role ``observer``) that follows the adapter and measures exact match.
 
-It starts like any peer (:func:`peer.roles.session.open_session`: manifest, base model as the run says, the newest
-adapter), follows new versions with an :class:`~peer.roles.adapters.AdapterFollower` (the blob comes over P2P from
+It starts like any peer (:func:`peer.run.session.open_session`: manifest, base model as the run says, the newest
+adapter), follows new versions with an :class:`~peer.run.adapters.AdapterFollower` (the blob comes over P2P from
 the learner and is checked against the announced sha256), and reads what the swarm publishes about itself: the
 heartbeats (rollout peers' throughput) and the learners' :class:`~peer.protocol.MetricsRecord`. Exact match is
 :func:`peer.model.evaluate.exact_match` on the task's held-out set — what ``hivegrpo eval`` runs — on the adapter
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from peer.closers import Closers
 from peer.log import get_logger
 from peer.network.swarm import NetworkConfig
-from peer.roles.closers import Closers
 
 logger = get_logger(__name__)
 
@@ -31,7 +31,7 @@ class Snapshot:
 
 class Observer:
     def __init__(self, run_id: str, initial_peers: list[str], coordinator: str, cache_dir: Path):
-        from peer.roles.session import SessionConfig
+        from peer.run.session import SessionConfig
 
         self.config = SessionConfig(
             run_id, NetworkConfig.loopback(initial_peers), coordinator, device="cpu", cache_dir=cache_dir
@@ -41,8 +41,8 @@ class Observer:
         self.follower = None
 
     def start(self) -> Observer:
-        from peer.roles.adapters import AdapterFollower
-        from peer.roles.session import open_session
+        from peer.run.adapters import AdapterFollower
+        from peer.run.session import open_session
 
         self.session = s = open_session(self.config, "observer", self._closers)
         self.follower = AdapterFollower(

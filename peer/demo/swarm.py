@@ -85,7 +85,8 @@ class Child:
 class LocalSwarm:
     """Start with :meth:`start`; :meth:`stop` ends rollout peers, then the learners, then the host.
 
-    With ``learners`` > 1 they form one team (:mod:`peer.roles.team`): the first leads, the others help; each
+    With ``learners`` > 1 they form one team (:mod:`peer.roles.learner.team.lead`): the first leads, the others help;
+    each
     writes its own ledger (``ledger``, then ``ledger-2.jsonl`` ... beside it), every one of them the whole lineage.
     """
 

@@ -11,7 +11,7 @@ token a peer presents is its **invite**:
   peer's own RSA key; every other peer checks the invite's signature against the issuer key of its own invite,
   the run, the expiry and the revocation list, and answers nothing to a request that fails — so an uninvited peer
   can neither bootstrap, read the manifest, nor store a record. Blob requests carry it too
-  (:class:`~peer.network.blobs_server.BlobServer` checks it: the DHT authorizer does not cover custom handlers).
+  (:class:`~peer.network.blobs.server.BlobServer` checks it: the DHT authorizer does not cover custom handlers).
 * Revocation: the coordinator publishes the revoked invite ids, signed by the issuer key, under ``{run}_access``;
   every peer re-reads it (:class:`AccessWatcher`) and refuses those invites from then on. A peer whose own invite
   is revoked is told so and stops. Anyone may write a record there, so the watcher checks every record's

@@ -1,7 +1,7 @@
 """Holders: the peers that serve an adapter version besides the learners that announced it.
 
 A learner serves each new version to a couple of peers only (its blob server's seeding limit, see
-:class:`peer.network.blobs_server.Seeding`); everyone else gets it from a peer that already holds it. A peer that
+:class:`peer.network.blobs.server.Seeding`); everyone else gets it from a peer that already holds it. A peer that
 fetched a version and verified it says so with a :class:`~peer.protocol.HolderRecord` under
 ``holders_key(run, version)`` (its own owner subkey, signed, expiring after ``HOLDER_TTL`` seconds), but only while
 fewer than ``HOLDERS_WANTED`` holders of that version are listed: the records per version stay bounded whatever the
@@ -9,7 +9,7 @@ number of peers, and so do the bytes every fetcher reads. docs/blobs.md, "Spread
 
 A holder record is a claim anyone can make. The fetch checks the bytes' sha256 as from any provider; a fetcher asks
 a bounded number of holders before the announcers, gives a holder a short timeout, and does not ask one that failed
-it again for a minute (:class:`BadHolders`, :func:`peer.roles.adapters.fetch_adapter`): a liar costs a short failed
+it again for a minute (:class:`BadHolders`, :func:`peer.run.adapters.fetch_adapter`): a liar costs a short failed
 attempt, and at worst the fetch falls back to the learners, as before holders existed. Records are not matched
 against heartbeats: that table grows with the number of peers, and a liar can write a heartbeat as easily.
 """

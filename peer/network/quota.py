@@ -55,7 +55,7 @@ MAX_TTL = {  # s: the longest life a writer of each key gives a record (the key 
     PEERS_FIELD: 60.0,
     CORE_PEERS_FIELD: 60.0,
     LEARNERS_FIELD: 300.0,
-    CREDIT_FIELD: 600.0,  # a learner re-stores its credit record every minute at least (peer.roles.credit)
+    CREDIT_FIELD: 600.0,  # a learner re-stores its credit record every minute at least (peer.run.credit)
     BUCKET_FIELD_PREFIX: 600.0,
     HOLDERS_FIELD_PREFIX: 60.0,  # holders say so for seconds (peer.network.holders)
 }

@@ -1,6 +1,6 @@
 """Request/response calls between peers over a hivemind P2P binary stream: one msgpack map each way per stream.
 
-A message is the msgpack bytes of one map, sent as the data frames of :mod:`peer.network.blobs_wire` (at most
+A message is the msgpack bytes of one map, sent as the data frames of :mod:`peer.network.blobs.wire` (at most
 ``MAX_CHUNK`` bytes each: p2pd caps a frame at 4 MiB) and the end frame. Everything received is untrusted, and is
 checked before it can cost the receiver anything:
 
@@ -14,7 +14,7 @@ checked before it can cost the receiver anything:
    arrays: an empty list is one byte of msgpack and ~60 bytes of Python, so a message made of them would expand
    ~38x (measured: two 16 MiB messages took a learner from 527 to 1,743 MiB); a request whose schema has a few
    maps cannot be made of millions;
-4. **what it means** — the caller's schema (e.g. :mod:`peer.roles.team_messages`); here only "a map with string
+4. **what it means** — the caller's schema (e.g. :mod:`peer.roles.learner.team.messages`); here only "a map with string
    keys".
 
     async def handler(peer_id, request: dict) -> dict: ...
@@ -35,7 +35,7 @@ import msgpack
 from hivemind.p2p import P2P, PeerID
 
 from peer.log import get_logger
-from peer.network.blobs_wire import CHUNK_SIZE, END, MAX_CHUNK, ProtocolError, write_chunk, write_end
+from peer.network.blobs.wire import CHUNK_SIZE, END, MAX_CHUNK, ProtocolError, write_chunk, write_end
 from peer.protocol.serialization import ContainerBudget, TooManyContainers
 
 logger = get_logger(__name__)

@@ -39,9 +39,9 @@ def main() -> None:
     from peer.network.blobs import BlobCache, BlobService, flip_bytes, truncate_after
     from peer.network.heartbeat import Heartbeat, live_peers
     from peer.network.swarm import NetworkConfig, join
-    from peer.roles.adapters import announce_adapter, announcements, newest_announcement
-    from peer.roles.basemodel import fetch_from, resolve_base
-    from peer.roles.run import read_manifest
+    from peer.run.adapters import announce_adapter, announcements, newest_announcement
+    from peer.run.basemodel import fetch_from, resolve_base
+    from peer.run.spec import read_manifest
 
     transform = {"flip": flip_bytes, "truncate": truncate_after(1000)}[args.mode]
     cache_dir = Path(args.cache_dir)

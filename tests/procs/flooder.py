@@ -38,7 +38,7 @@ def made_up_group(spec, tokenizer, owner: bytes, producer: str, seq: int, versio
     """A group that passes every check but the log-prob spot check (see the module docstring). ``check=False``
     builds it without running the schema's validators (the flooder's speed; every receiving peer validates)."""
     from peer.protocol import Completion, GroupRecord, encode_floats, encode_tokens
-    from peer.roles.run import prompt_seed
+    from peer.run.spec import prompt_seed
 
     example = spec.example(owner, seq)
     completions = [[1 + (seq + i) % 9, 2] for i in range(spec.sampling.group_size)]
@@ -91,8 +91,8 @@ def main() -> None:
         pack,
         to_dht_value,
     )
-    from peer.roles.adapters import announcements, newest_announcement
-    from peer.roles.run import read_manifest, run_spec
+    from peer.run.adapters import announcements, newest_announcement
+    from peer.run.spec import read_manifest, run_spec
 
     swarm = join(NetworkConfig.loopback(args.initial_peers, identity_path=args.identity), args.run_id)
     blobs = BlobService(swarm.dht, BlobCache(Path(args.out).with_suffix(".blobs")))

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def patch(mode: str) -> None:
-    from peer.roles import rollout
+    from peer.roles.rollout import peer as rollout
 
     honest = rollout.build_groups
     state: dict = {"first": None, "replayed": False}

@@ -43,9 +43,9 @@ def main():
     from peer.network.heartbeat import Heartbeat, live_peers
     from peer.network.swarm import NetworkConfig, join
     from peer.protocol import key_fingerprint
-    from peer.roles import team
-    from peer.roles.adapters import announce_adapter, announcements, newest_announcement
-    from peer.roles.run import read_manifest
+    from peer.roles.learner.team import lead as team
+    from peer.run.adapters import announce_adapter, announcements, newest_announcement
+    from peer.run.spec import read_manifest
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -83,7 +83,7 @@ def main():
         real = newest_announcement([(k, r) for k, r in announcements(swarm) if r.version < top + 1000])
         from safetensors.torch import load as st_load
 
-        from peer.roles.adapters import fetch_adapter
+        from peer.run.adapters import fetch_adapter
 
         blob = fetch_adapter(blobs, real.sha256, real.size, real.providers, None, 30.0)
         forged = {k: torch.randn_like(v) for k, v in st_load(blob).items()}

@@ -1,0 +1,349 @@
+"""A learner's intake: what it does with every group it reads, before anything learns from it.
+
+Pure logic over :class:`~peer.network.buckets.Fetched` entries (no model, no network), so every rule is unit-tested
+with an in-memory bucket store. For each entry, in order:
+
+1. a signer already **banned** is ignored (counted, never looked at again);
+2. an entry that did not parse is refused as ``schema`` (not banned: a blob may have been cut in transit);
+3. a ``seq`` the signer already used under another adapter version is a **replay**: refused, signer banned; the
+   same entry read twice (same version and seq, e.g. again after a restart) is a ``duplicate``, refused and
+   forgiven: it is never used twice. The seqs of versions that left the window are forgotten, keeping only the
+   highest (the signer's *floor*): an honest peer numbers its groups in the order it samples them, with versions
+   that never go back, so a group inside the window whose seq is at or below the floor was re-tagged — a replay;
+   one outside it is stale anyway. The memory of seqs is so bounded by the window, not by the run's length;
+4. a group more than ``tau_max`` versions behind is dropped as stale;
+5. :func:`~peer.roles.learner.verify.check_group` (shape, vocabulary, adapter version + sha256, the prompt re-derived
+from
+   the signer's seed and seq, every reward recomputed): a refusal bans the signer — except an adapter version this
+   learner does not know, refused as ``unknown_version`` (it may come from before a restart), and a version whose
+   sha256 is not this lineage's, refused as ``lineage`` (made under a version of a learner that lost the lead):
+   both forgiven — until a signer has more of them in a row (no verified group in between) than
+   ``STRIKE_UPDATES`` updates' worth of the staleness window: an honest peer follows the lineage within a few
+   batches, one that keeps sending such groups floods the learner and is banned;
+6. a group whose rewards are all equal carries no advantage (GRPO's signal is the spread within a group): it
+   is counted (``no_signal``; :meth:`Intake.no_signal_share` for status) and never takes one of an update's
+   slots, which go to groups that teach something (DAPO's and INTELLECT-2's online filtering). Its rewards were
+   recomputed by step 5; its log-probs are never checked, as they never reach a loss;
+7. a sample (``check_rate``, drawn from this learner's private randomness, so a producer cannot predict it) waits
+   for the caller to recompute its behaviour log-probs (:meth:`Intake.pending_checks` / :meth:`Intake.checked`);
+   the rest are admitted to the pool.
+
+A ban removes the signer's groups from the pool at once: nothing a liar sent after it was caught reaches an
+update, and nothing it sent at all when the lie is in its first groups (the usual case).
+
+:meth:`Intake.take` picks the next update's groups, freshest first, with a **per-peer cap**: no signer provides
+more than ``ceil(max(share_cap, 1 / contributors) x n)`` of the ``n`` groups, where *contributors* are the signers
+with a verified group in the staleness window that arrived in the last ``recent`` seconds. One peer alone may fill
+an update; with two or more, a flooding peer is held to its cap and the update waits for the others — but not for
+peers that died or hang: they stop counting ``recent`` seconds after their last group (counting versions alone,
+an update waiting for a dead peer would wait forever, since no new version moves the window). The pool keeps at
+most ``n x (tau_max + 1)`` groups per signer (the oldest surplus is dropped), so a flood cannot grow the learner's
+memory.
+
+``barrier`` (a benchmark knob, docs/benchmarks.md) makes :meth:`Intake.take` a synchronous barrier's: an update
+waits until every contributor has ``ceil(n / contributors)`` groups sampled with the learner's current version, and
+takes exactly that many of each (the baseline the asynchronous intake is measured against).
+
+With ``credit`` set (a :class:`~peer.run.credit.CreditTable`), every refusal (by reason, ``duplicate`` aside),
+stale group and group without signal is also counted for its signer, over the whole run: the contributors' credit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass
+
+from peer.network.buckets import Fetched
+from peer.protocol import GroupRecord, key_fingerprint
+from peer.roles.learner.verify import REWARD_TOLERANCE, Refused, check_group
+from peer.run.spec import RunSpec
+
+FORGIVEN = ("schema", "duplicate", "unknown_version", "lineage", "surplus")
+"""Refusal reasons that do not ban the signer."""
+STRIKES = ("unknown_version", "lineage")
+"""Forgiven reasons that still count towards a ban when they come in a long run from one signer."""
+STRIKE_UPDATES = 4  # such refusals in a row that ban: this many times groups_per_version x (tau_max + 1)
+FORGET_MARGIN = 2  # versions beyond the window whose seqs are still remembered one by one
+FORGET_EVERY = 8  # versions between two passes that forget old seqs
+RECENT_SIGNAL = 512  # verified groups over which the share without signal is reported
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A verified group waiting for an update, with the key that signed it."""
+
+    owner: bytes
+    group: GroupRecord
+
+    @property
+    def id(self) -> tuple[str, int, int]:
+        return (key_fingerprint(self.owner), self.group.version, self.group.seq)
+
+
+class Intake:
+    """Verification, bans, replay detection, the pool and the per-peer cap (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        tokenizer,
+        *,
+        batch: int,
+        share_cap: float = 0.5,
+        check_rate: float = 0.1,
+        rng: random.Random | None = None,
+        recent: float = 15.0,
+        clock=time.monotonic,
+        barrier: bool = False,
+    ):
+        if not 0.0 < share_cap <= 1.0:
+            raise ValueError(f"share_cap must be in (0, 1], got {share_cap}")
+        if not 0.0 <= check_rate <= 1.0:
+            raise ValueError(f"check_rate must be in [0, 1], got {check_rate}")
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.batch = batch
+        self.share_cap = share_cap
+        self.check_rate = check_rate
+        self.rng = rng or random.Random(os.urandom(16))
+        self.recent, self.clock = recent, clock
+        self.barrier = barrier
+        self.known: dict[int, str] = {}  # adapter version -> sha256 of this learner's lineage
+        self.banned: dict[bytes, str] = {}  # signer -> why
+        self.seqs: dict[bytes, dict[int, int]] = defaultdict(dict)  # signer -> seq -> version (recent versions)
+        self.floor: dict[bytes, int] = {}  # signer -> the highest seq forgotten (its version left the window)
+        self.used: dict[bytes, dict[int, int]] = defaultdict(dict)  # the same, of groups an update took
+        self.pool: dict[bytes, list[Accepted]] = defaultdict(list)
+        self.last_verified: dict[bytes, int] = {}  # signer -> newest version of a verified group
+        self.last_arrival: dict[bytes, float] = {}  # signer -> clock() when its latest verified group came
+        self._pending: list[Accepted] = []
+        self.counts: Counter = Counter()  # ignored_banned, dropped_stale, checked, admitted
+        self.rejected: Counter = Counter()  # reason -> groups
+        self.rejected_by: Counter = Counter()  # signer -> groups refused
+        self.strikes: Counter = Counter()  # signer -> STRIKES refusals since its last verified group
+        self._forgotten_at = 0  # the learner's version at the last forget()
+        self.recent_signal: deque[bool] = deque(maxlen=RECENT_SIGNAL)  # of the latest verified groups: signal?
+        self.credit = None  # a peer.run.credit.CreditTable: what happened to each signer's groups, over the run
+
+    # --- reading ---------------------------------------------------------------------------------------------------
+
+    def add(self, fetched: Fetched, version: int) -> str | None:
+        """Take one entry read from a bucket while the learner holds ``version``.
+
+        Returns None (verified, waiting for an update or a log-prob check), ``"no_signal"`` (verified, but its rewards
+        are all equal: it carries no advantage and is counted, not kept), ``"banned"`` (its signer is), ``"stale"``,
+        or the :class:`Refused` sentence.
+        """
+        owner = fetched.owner
+        if owner in self.banned:
+            self.counts["ignored_banned"] += 1
+            return "banned"
+        if fetched.group is None:
+            return self._refuse(owner, Refused("schema", fetched.error or "unreadable entry"))
+        group = fetched.group
+        seen = self.seqs[owner].get(group.seq)
+        if seen == group.version:
+            return self._refuse(owner, Refused("duplicate", f"group {group.version}.{group.seq} was read already"))
+        if seen is not None:
+            return self._refuse(
+                owner, Refused("replay", f"seq {group.seq} was already published by this signer, with v{seen}")
+            )
+        stale = version - group.version > self.spec.staleness.tau_max
+        if group.seq <= self.floor.get(owner, -1) and not stale:
+            return self._refuse(
+                owner,
+                Refused(
+                    "replay", f"seq {group.seq} is at or below seqs this signer published with versions long gone"
+                ),
+            )
+        self.seqs[owner][group.seq] = group.version
+        if stale:
+            self.counts["dropped_stale"] += 1
+            self._credit(owner, "stale")
+            return "stale"
+        if group.version not in self.known:
+            return self._refuse(owner, Refused("unknown_version", f"adapter v{group.version} is not in this lineage"))
+        refused = check_group(group, owner, self.spec, self.tokenizer, self.known.get)
+        if refused is not None:
+            return self._refuse(owner, refused)
+        self.last_verified[owner] = max(group.version, self.last_verified.get(owner, -1))
+        self.last_arrival[owner] = self.clock()
+        self.strikes.pop(owner, None)
+        # each claimed reward is within REWARD_TOLERANCE of the recomputed one: a smaller spread may be a claim
+        signal = max(group.rewards) - min(group.rewards) > 2 * REWARD_TOLERANCE
+        self.recent_signal.append(signal)
+        if not signal:  # all rewards equal (and recomputed): no advantage, nothing to learn; never takes a slot
+            self.counts["no_signal"] += 1
+            self._credit(owner, "no_signal")
+            return "no_signal"
+        accepted = Accepted(owner, group)
+        if self.check_rate and self.rng.random() < self.check_rate:
+            self._pending.append(accepted)
+        else:
+            self._admit(accepted)
+        return None
+
+    def no_signal_share(self) -> float:
+        """Of the latest verified groups, the share whose rewards were all equal (the task's difficulty signal: near
+        1 the task is too easy or too hard for the policy now)."""
+        return sum(not s for s in self.recent_signal) / len(self.recent_signal) if self.recent_signal else 0.0
+
+    def checks_waiting(self) -> int:
+        return len(self._pending)
+
+    def pending_checks(self) -> list[Accepted]:
+        """Groups drawn for a log-prob check (then pass each to :meth:`checked`)."""
+        pending, self._pending = self._pending, []
+        return [a for a in pending if a.owner not in self.banned]
+
+    def checked(self, accepted: Accepted, refused: Refused | None) -> None:
+        self.counts["checked"] += 1
+        if refused is not None:
+            self._refuse(accepted.owner, refused)
+        elif accepted.owner not in self.banned:
+            self._admit(accepted)
+
+    def ban(self, owner: bytes, reason: str) -> None:
+        if owner not in self.banned:
+            self.banned[owner] = reason
+            self.strikes.pop(owner, None)
+            self.counts["purged"] += len(self.pool.pop(owner, []))
+            self.last_verified.pop(owner, None)
+            self.last_arrival.pop(owner, None)
+
+    # --- the next update -------------------------------------------------------------------------------------------
+
+    def drop_stale(self, version: int) -> None:
+        oldest = version - self.spec.staleness.tau_max
+        for owner, groups in self.pool.items():
+            kept = [a for a in groups if a.group.version >= oldest]
+            self.counts["dropped_stale"] += len(groups) - len(kept)
+            self._credit(owner, "stale", len(groups) - len(kept))
+            groups[:] = kept
+        if version >= self._forgotten_at + FORGET_EVERY:
+            self._forgotten_at = version
+            self.forget(oldest - FORGET_MARGIN)
+
+    def forget(self, before: int) -> None:
+        """Forget the seqs of versions older than ``before``, keeping each signer's highest as its floor."""
+        for owner, seqs in self.seqs.items():
+            old = [s for s, v in seqs.items() if v < before]
+            if old:
+                self.floor[owner] = max(self.floor.get(owner, -1), *old)
+                for s in old:
+                    del seqs[s]
+
+    def contributing(self, version: int) -> list[bytes]:
+        """Signers with a verified group in the staleness window that arrived in the last ``recent`` seconds."""
+        oldest, since = version - self.spec.staleness.tau_max, self.clock() - self.recent
+        return [o for o, v in self.last_verified.items() if v >= oldest and self.last_arrival[o] >= since]
+
+    def contributors(self, version: int) -> int:
+        return len(self.contributing(version))
+
+    def cap(self, version: int) -> int:
+        """The most groups one signer may give to the next update."""
+        share = max(self.share_cap, 1.0 / max(1, self.contributors(version)))
+        return max(1, math.ceil(share * self.batch - 1e-9))
+
+    def waiting(self) -> int:
+        return sum(len(groups) for groups in self.pool.values())
+
+    def take(self, version: int) -> list[Accepted] | None:
+        """The next update's ``batch`` groups (freshest first, capped per signer), or None while there are too few."""
+        self.drop_stale(version)
+        if self.barrier:
+            return self._take_barrier(version)
+        cap = self.cap(version)
+        if sum(min(cap, len(groups)) for groups in self.pool.values()) < self.batch:
+            # enough groups but too many of one signer's: the update waits for the others' shares
+            self.counts["short_capped" if self.waiting() >= self.batch else "short"] += 1
+            return None
+        candidates = sorted(
+            ((a, i) for groups in self.pool.values() for i, a in enumerate(groups)),
+            key=lambda ai: (-ai[0].group.version, ai[0].group.created, ai[1]),
+        )
+        return self._choose(candidates, cap)
+
+    def _take_barrier(self, version: int) -> list[Accepted] | None:
+        peers = self.contributing(version)
+        if not peers:
+            return None
+        share = math.ceil(self.batch / len(peers))
+        fresh = {o: [a for a in self.pool.get(o, []) if a.group.version == version] for o in peers}
+        if any(len(groups) < share for groups in fresh.values()):
+            return None
+        candidates = [(a, i) for o in peers for i, a in enumerate(fresh[o][:share])]
+        return self._choose(candidates, share)
+
+    def _choose(self, candidates: list[tuple[Accepted, int]], cap: int) -> list[Accepted]:
+        """The first ``batch`` of ``candidates`` with at most ``cap`` per signer; marked used, out of the pool."""
+        chosen: list[Accepted] = []
+        per_owner: Counter = Counter()
+        for accepted, _ in candidates:
+            if per_owner[accepted.owner] < cap:
+                chosen.append(accepted)
+                per_owner[accepted.owner] += 1
+                if len(chosen) == self.batch:
+                    break
+        for a in chosen:
+            self.used[a.owner][a.group.seq] = a.group.version
+        taken = {id(a) for a in chosen}
+        for owner in list(self.pool):
+            self.pool[owner] = [a for a in self.pool[owner] if id(a) not in taken]
+        return chosen
+
+    # --- state for checkpoints -------------------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        return {
+            "banned": {owner.hex(): reason for owner, reason in self.banned.items()},
+            # only what updates took: groups read but not yet used are read again (and used) after a restart
+            "used": {owner.hex(): [[s, v] for s, v in sorted(seqs.items())] for owner, seqs in self.used.items()},
+        }
+
+    def restore(self, state: dict) -> None:
+        for owner, reason in state.get("banned", {}).items():
+            self.banned[bytes.fromhex(owner)] = reason
+        for owner, pairs in state.get("used", {}).items():
+            used = {int(s): int(v) for s, v in pairs}
+            self.used[bytes.fromhex(owner)].update(used)
+            self.seqs[bytes.fromhex(owner)].update(used)
+
+    # --- internals -------------------------------------------------------------------------------------------------
+
+    def _credit(self, owner: bytes, what: str, n: int = 1) -> None:
+        if self.credit is not None and n > 0:
+            self.credit.count(key_fingerprint(owner), what, n)
+
+    def _refuse(self, owner: bytes, refused: Refused) -> Refused:
+        self.rejected[refused.reason] += 1
+        self.rejected_by[owner] += 1
+        self._credit(owner, refused.reason)
+        if refused.reason not in FORGIVEN:
+            self.ban(owner, str(refused))
+        elif refused.reason in STRIKES:
+            self.strikes[owner] += 1
+            limit = STRIKE_UPDATES * self.batch * (self.spec.staleness.tau_max + 1)
+            if self.strikes[owner] > limit:
+                self.ban(owner, f"{self.strikes[owner]} groups in a row of versions not in this lineage ({refused})")
+        return refused
+
+    def _admit(self, accepted: Accepted) -> None:
+        groups = self.pool[accepted.owner]
+        groups.append(accepted)
+        bound = self.batch * (self.spec.staleness.tau_max + 1)
+        if len(groups) > bound:
+            groups.sort(key=lambda a: (a.group.version, a.group.seq))
+            self.rejected["surplus"] += len(groups) - bound
+            self.rejected_by[accepted.owner] += len(groups) - bound
+            self._credit(accepted.owner, "surplus", len(groups) - bound)
+            del groups[: len(groups) - bound]
+        self.counts["admitted"] += 1
+
+
+__all__ = ["FORGIVEN", "Accepted", "Intake"]

@@ -1,0 +1,227 @@
+"""The learner's two network threads: reading the buckets, and announcing adapter versions and metrics."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from peer.log import get_logger
+from peer.protocol import Demand, MetricsRecord, metrics_key, owner_subkey, to_dht_value
+from peer.protocol.limits import MAX_ANCESTORS
+from peer.run.adapters import announce_adapter
+
+logger = get_logger(__name__)
+
+REANNOUNCE_EVERY = 120.0  # s; the announcement lives ANNOUNCEMENT_TTL (600 s): an idle learner stays findable
+
+
+class Fetcher:
+    """Reads the buckets of the staleness window on a thread; hands each new entry over exactly once.
+
+    Every poll reads the newest two versions' buckets (where rollout peers publish); the whole window every
+    ``FULL_EVERY`` polls (the late groups of slow peers); and a version's bucket once more as it leaves the window,
+    so nothing published into the window goes unread — a late replay is still caught, though its group is too old
+    to use. (Reading the whole window every poll made the learner's DHT process the busiest process of the demo:
+    every read fetches and validates every entry of every bucket again.)
+    """
+
+    FULL_EVERY = 8
+    MIN_GAP = 0.05  # s between two reads at least, however often the learner wakes the fetcher
+
+    def __init__(self, store, window: int, interval: float, skip=()):
+        self.store = store
+        self.skip = skip  # signers whose entries are not even read (the intake's bans; a live view)
+        self.window = window
+        self.interval = interval
+        self.version = 0
+        self.queue: queue.Queue = queue.Queue()
+        self.errors = 0
+        self._seen: set = set()
+        self._polls, self._last = 0, 0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bucket-fetcher", daemon=True)
+
+    def wake(self) -> None:
+        """Read again now, not at the next interval: the learner waits for groups (at most every MIN_GAP s)."""
+        self._wake.set()
+
+    def start(self) -> Fetcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            if self._wake.wait(self.interval):  # woken by a waiting learner: read again, but not at once
+                self._wake.clear()
+                self._stop.wait(self.MIN_GAP)
+
+    def poll(self) -> None:
+        """One read: the newest versions, the whole window every ``FULL_EVERY``-th time, the versions leaving."""
+        version = self.version
+        depth = self.window if self._polls % self.FULL_EVERY == 0 else min(1, self.window)
+        self._polls += 1
+        hi = version - self.window - 1  # the versions that left the window since the last poll: their last read
+        lo = max(0, self._last - self.window, hi - self.FULL_EVERY + 1)  # a jump (a resume) reads a few, not all
+        try:
+            fetched = self.store.fetch(max(0, version - depth), version, self._seen, self.skip)
+            if hi >= lo:
+                fetched += self.store.fetch(lo, hi, self._seen, self.skip)
+            self._last = version
+        except Exception as e:  # the network boundary: say it, try again
+            self.errors += 1
+            logger.warning("could not read the buckets: %s", e)
+            fetched = []
+        for f in fetched:
+            self._seen.add(f.id)
+            self.queue.put(f)
+        oldest = version - self.window - 2
+        self._seen = {i for i in self._seen if i[1] >= oldest}
+
+
+class Announcer:
+    """Announces the newest version (and the metrics) on a thread, so the learner never waits on the DHT; an
+    older version not yet announced when a newer one is ready is skipped (followers want the newest).
+
+    A submission may carry a ``gate``: it is announced only once ``gate()`` is true (a leading learner's helpers
+    must hold the version first, :meth:`peer.roles.learner.team.lead.Lead.holds`); a newer submission replaces a
+    waiting one.
+    """
+
+    GATE_POLL = 0.01  # s between two looks at a closed gate
+    GATE_FLUSH = 3.0  # s a flush waits for a closed gate before giving up on that submission
+
+    def __init__(self, swarm, blobs, lineage=None, exempt=None):
+        self.swarm = swarm
+        self.blobs = blobs
+        self.lineage = lineage  # () -> {version: sha256} of the learner's recent lineage (for ancestors)
+        self.exempt = exempt  # () -> peer ids served whenever they ask (the run's other learners), not seeded to
+        self.announced = -1
+        self.failures = 0
+        self._pending: tuple | None = None
+        self._current: tuple | None = None
+        self._blocked_since: float | None = None  # monotonic time a gate first held back what is pending now
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="adapter-announcer", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self,
+        version: int,
+        blob: bytes,
+        parent_sha: str,
+        metrics: MetricsRecord | None,
+        gate=None,
+        demand: Demand | None = None,
+    ) -> None:
+        with self._lock:
+            self._pending = (version, blob, parent_sha, metrics, gate, demand)
+            self._idle.clear()
+        self._wake.set()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until everything submitted is announced; a submission whose gate stays closed for GATE_FLUSH s
+        is dropped (it was never announced, so nobody is left holding it)."""
+        deadline = time.monotonic() + timeout
+        while not self._idle.wait(min(self.GATE_FLUSH, max(0.0, deadline - time.monotonic()))):
+            with self._lock:
+                pending = self._pending
+                if pending is not None and pending[4] is not None and not pending[4]():
+                    logger.warning("adapter v%d was not announced: its helpers did not take it", pending[0])
+                    self._pending = None
+                    self._idle.set()
+                    return False
+            if time.monotonic() >= deadline:
+                return False
+        return True
+
+    def blocked_for(self) -> float:
+        """Seconds the gate has held back the pending submissions (0 when nothing waits on a gate)."""
+        since = self._blocked_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def _ancestors(self, version: int, parent: str) -> list[str]:
+        """The sha256 of the versions before ``version``, newest first, from the lineage this learner holds —
+        only where it is this announcement's (its ``version - 1`` is ``parent``); else just the parent."""
+        known = self.lineage().copy() if self.lineage is not None else {}
+        if not parent or known.get(version - 1) != parent:
+            return [parent] if parent else []
+        out, v = [], version - 1
+        while v >= 0 and v in known and len(out) < MAX_ANCESTORS:
+            out.append(known[v])
+            v -= 1
+        return out
+
+    def close(self) -> None:
+        self.flush()
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.is_set():
+            self._wake.wait(timeout=REANNOUNCE_EVERY)
+            self._wake.clear()
+            with self._lock:
+                pending, self._pending = self._pending, None
+                if pending is not None and pending[4] is not None and not pending[4]():
+                    self._pending = pending  # not yet: look again soon (a newer submission replaces it)
+                    self._wake.set()
+                    pending = None
+                    gated = True
+                    if self._blocked_since is None:
+                        self._blocked_since = time.monotonic()
+                else:
+                    gated = False
+                    self._blocked_since = None
+            if gated:
+                self._stop.wait(self.GATE_POLL)
+                continue
+            if pending is None:
+                if self._current is not None and time.monotonic() - last >= REANNOUNCE_EVERY:
+                    pending = self._current
+                else:
+                    self._idle.set()
+                    continue
+            version, blob, parent, metrics, _, demand = pending
+            try:
+                announce_adapter(
+                    self.swarm,
+                    self.blobs,
+                    version,
+                    blob,
+                    parent,
+                    ancestors=self._ancestors(version, parent),
+                    demand=demand,
+                    exempt=self.exempt() if self.exempt is not None else None,
+                )
+                self.announced, self._current, last = version, pending, time.monotonic()
+                if metrics is not None:
+                    self.swarm.store(
+                        metrics_key(self.swarm.run_id),
+                        owner_subkey(self.swarm.public_key),
+                        to_dht_value(metrics),
+                        time.time() + 600.0,
+                        "learner metrics",
+                    )
+            except Exception as e:  # the network boundary: keep learning; the next version is announced anyway
+                self.failures += 1
+                logger.warning("could not announce adapter v%d: %s", version, e)
+            with self._lock:
+                if self._pending is None:
+                    self._idle.set()
+
+
+__all__ = ["Announcer", "Fetcher"]
