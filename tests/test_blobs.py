@@ -269,7 +269,7 @@ def test_unreachable_provider_times_out_and_the_next_one_is_used(swarm, cache, c
 
 
 def test_a_dripping_provider_is_dropped_at_its_deadline_and_the_next_one_used(swarm, cache, caplog, monkeypatch):
-    from peer.network import blobs_fetch
+    from peer.network.blobs import fetch as blobs_fetch
     from peer.network.blobs import fetch_blob
 
     data = swarm["blobs"]["small"]  # 4 chunks, DRIP_DELAY apart: ~8 s from the dripping provider, never silent 3 s

@@ -9,7 +9,7 @@ import time
 import msgpack
 import pytest
 
-from peer.network import blobs_fetch
+from peer.network.blobs import fetch as blobs_fetch
 from peer.network.blobs import PROTOCOL, BlobCache, BlobServer, BlobUnavailable, drip, fetch_blob
 from peer.network.blobs.wire import BlobRequest
 
