@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from peer.grpo import WEIGHTINGS, LossConfig, SamplingConfig, StalenessConfig
+from peer.grpo import WEIGHTING_NAMES, LossConfig, SamplingConfig, StalenessConfig
 
 ALL = [SamplingConfig, LossConfig, StalenessConfig]
 
@@ -97,4 +97,10 @@ def test_boundaries_accepted():
     LossConfig(clip_eps_low=0.0, clip_eps_high=0.0)
     StalenessConfig(tau_max=0, weighting="hinge", knee=0)
     StalenessConfig(decay=1.0, power=0.0)
-    assert set(WEIGHTINGS) == {"constant", "polynomial", "exponential", "hinge"}
+    assert set(WEIGHTING_NAMES) == {"constant", "polynomial", "exponential", "hinge"}
+
+
+@pytest.mark.parametrize("name", WEIGHTING_NAMES)
+def test_every_weighting_name_is_a_valid_config(name):
+    assert StalenessConfig(weighting=name).weighting == name
+    assert name in StalenessConfig.field_help()["weighting"]

@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from peer.grpo import WEIGHTINGS, StalenessConfig, accept, staleness, staleness_weight, staleness_weights
+from peer.grpo import (
+    WEIGHTING_NAMES,
+    WEIGHTINGS,
+    StalenessConfig,
+    accept,
+    staleness,
+    staleness_weight,
+    staleness_weights,
+)
 
 
 def test_staleness_is_version_difference():
@@ -20,6 +28,14 @@ def test_accept_boundaries():
     config = StalenessConfig(tau_max=4)
     assert [accept(tau, config) for tau in range(-2, 7)] == [False, False, True, True, True, True, True, False, False]
     assert accept(0, StalenessConfig(tau_max=0)) and not accept(1, StalenessConfig(tau_max=0))
+
+
+def test_every_weighting_name_has_a_function_and_every_function_a_name():
+    """The names a manifest may carry (peer.grpo.config) and the functions that compute them (peer.grpo.staleness)
+    are kept in two modules so that configs load without torch; they must agree one to one."""
+    assert sorted(WEIGHTINGS) == sorted(WEIGHTING_NAMES)
+    assert len(WEIGHTING_NAMES) == len(set(WEIGHTING_NAMES))
+    assert all(callable(fn) for fn in WEIGHTINGS.values())
 
 
 @pytest.mark.parametrize("name", sorted(WEIGHTINGS))

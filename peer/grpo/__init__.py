@@ -14,22 +14,63 @@ A learner step composes them::
     logp = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, sampling_cfg.temperature)
     mask = completion_mask(completion_ids, eos_id)
     loss, stats = clipped_policy_loss(logp, group.behaviour_logprobs, adv, mask, weights, loss_cfg)
+
+Importing the package costs no torch: the configs and the staleness rules load with it (a manifest is parsed
+with them before any model is), the torch math on first use of one of its names (PEP 562 ``__getattr__``).
+``staleness`` loads with the package because it names both a submodule and its function: loaded later, the
+import system would rebind ``peer.grpo.staleness`` to the submodule.
 """
 
-from peer.grpo.advantages import group_advantages, has_signal
-from peer.grpo.config import LossConfig, PromptConfig, SamplingConfig, StalenessConfig
-from peer.grpo.logprobs import (
-    completion_logprobs,
-    completion_mask,
-    position_ids_from_mask,
-    sequence_logprobs,
-    token_logprobs,
-)
-from peer.grpo.loss import LossStats, clipped_policy_loss
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from peer.grpo.config import WEIGHTING_NAMES, LossConfig, PromptConfig, SamplingConfig, StalenessConfig
 from peer.grpo.staleness import WEIGHTINGS, accept, staleness, staleness_weight, staleness_weights
+
+if TYPE_CHECKING:
+    from peer.grpo.advantages import group_advantages, has_signal
+    from peer.grpo.logprobs import (
+        completion_logprobs,
+        completion_mask,
+        position_ids_from_mask,
+        sequence_logprobs,
+        token_logprobs,
+    )
+    from peer.grpo.loss import LossStats, clipped_policy_loss
+
+_LAZY = {
+    "advantages": ("group_advantages", "has_signal"),
+    "logprobs": (
+        "completion_logprobs",
+        "completion_mask",
+        "position_ids_from_mask",
+        "sequence_logprobs",
+        "token_logprobs",
+    ),
+    "loss": ("LossStats", "clipped_policy_loss"),
+}
+_SUBMODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """A torch submodule (``advantages``, ``logprobs``, ``loss``) or one of its names, imported on first use."""
+    if name in _LAZY:
+        return importlib.import_module(f"{__name__}.{name}")
+    module = _SUBMODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULE_OF))
+
 
 __all__ = [
     "WEIGHTINGS",
+    "WEIGHTING_NAMES",
     "LossConfig",
     "LossStats",
     "PromptConfig",

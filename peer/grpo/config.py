@@ -5,6 +5,9 @@ Each config is a frozen dataclass that checks itself on construction and round-t
 must read back exactly the values the run was started with. :meth:`from_dict` refuses keys it does not know: a
 manifest written by a newer version must fail loudly, not lose a setting. Each field's help text is in its
 ``metadata["help"]`` (see :meth:`field_help`), for the command line and the docs.
+
+This module imports no torch: the coordinator and every peer parse a manifest with it before (or without) loading
+a model. :mod:`peer.grpo.staleness` imports it, never the other way round.
 """
 
 from __future__ import annotations
@@ -14,8 +17,6 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-from peer.grpo.staleness import WEIGHTINGS
 
 _C = TypeVar("_C", bound="_DictConfig")
 
@@ -184,6 +185,10 @@ class LossConfig(_DictConfig):
         self._float("adv_eps", "> 0", lambda v: v > 0)
 
 
+WEIGHTING_NAMES = ("constant", "polynomial", "exponential", "hinge")
+"""The staleness weightings a manifest may name; :data:`peer.grpo.staleness.WEIGHTINGS` has a function for each."""
+
+
 @dataclass(frozen=True)
 class StalenessConfig(_DictConfig):
     """Which stale groups a learner drops and how it weights the rest (see :mod:`peer.grpo.staleness`).
@@ -194,7 +199,7 @@ class StalenessConfig(_DictConfig):
 
     tau_max: int = field(default=4, metadata=_help("drop groups more than tau_max adapter versions behind, >= 0"))
     weighting: str = field(
-        default="polynomial", metadata=_help(f"weight w(tau) of an accepted group, one of {sorted(WEIGHTINGS)}")
+        default="polynomial", metadata=_help(f"weight w(tau) of an accepted group, one of {sorted(WEIGHTING_NAMES)}")
     )
     power: float = field(default=0.5, metadata=_help("polynomial: w = (1 + tau) ** -power, >= 0 (0 is constant)"))
     decay: float = field(default=0.5, metadata=_help("exponential: w = decay ** tau, in (0, 1] (1 is constant)"))
@@ -205,8 +210,10 @@ class StalenessConfig(_DictConfig):
 
     def __post_init__(self) -> None:
         self._int("tau_max", 0, 1024)
-        if not isinstance(self.weighting, str) or self.weighting not in WEIGHTINGS:
-            raise ValueError(f"StalenessConfig.weighting must be one of {sorted(WEIGHTINGS)}, got {self.weighting!r}.")
+        if not isinstance(self.weighting, str) or self.weighting not in WEIGHTING_NAMES:
+            raise ValueError(
+                f"StalenessConfig.weighting must be one of {sorted(WEIGHTING_NAMES)}, got {self.weighting!r}."
+            )
         self._float("power", ">= 0", lambda v: v >= 0)
         self._float("decay", "in (0, 1]", lambda v: 0 < v <= 1)
         self._int("knee", 0)

@@ -11,9 +11,13 @@ been replaced. Its *staleness* is ``tau = learner_version - group_version``:
 * Every accepted group is weighted by ``w(tau)``, a pure, non-increasing function with ``w(0) == 1``: a fresh
   group counts fully, an older one somewhat less.
 
-The weighting functions live in :data:`WEIGHTINGS`, keyed by the name that
-:class:`~peer.grpo.config.StalenessConfig` stores in the run manifest, so adding a weighting means adding a
-function here, never another branch in the learner.
+The weighting functions live in :data:`WEIGHTINGS`, keyed by the names of
+:data:`~peer.grpo.config.WEIGHTING_NAMES` that :class:`~peer.grpo.config.StalenessConfig` stores in the run
+manifest, so adding a weighting means adding its name there and its function here, never another branch in the
+learner (tests/test_grpo_staleness.py checks that both agree).
+
+Only :func:`staleness_weights` builds a tensor; it imports torch when called, so that importing this module (as
+``peer.grpo`` does) costs nothing to a process that only parses a manifest.
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-import torch
+from peer.grpo.config import StalenessConfig
 
 if TYPE_CHECKING:
-    from peer.grpo.config import StalenessConfig
+    import torch
 
-Weighting = Callable[[int, "StalenessConfig"], float]
+Weighting = Callable[[int, StalenessConfig], float]
 
 
 def constant(tau: int, config: StalenessConfig) -> float:
@@ -61,7 +65,8 @@ WEIGHTINGS: dict[str, Weighting] = {
     "exponential": exponential,
     "hinge": hinge,
 }
-"""Staleness weighting functions by the name stored in :class:`~peer.grpo.config.StalenessConfig`."""
+"""Staleness weighting functions by the name stored in :class:`~peer.grpo.config.StalenessConfig`: one for each of
+:data:`~peer.grpo.config.WEIGHTING_NAMES`, and no other."""
 
 
 def staleness(learner_version: int, group_version: int) -> int:
@@ -96,6 +101,8 @@ def staleness_weights(taus: torch.Tensor | Iterable[int], config: StalenessConfi
 
     A batch holds a handful of groups, so this loops in Python; every ``tau`` must be accepted.
     """
+    import torch
+
     if isinstance(taus, torch.Tensor):
         if taus.is_floating_point() or taus.is_complex() or taus.dtype == torch.bool:
             raise ValueError(f"taus must be an integer tensor, got dtype {taus.dtype}.")

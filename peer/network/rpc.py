@@ -1,6 +1,6 @@
 """Request/response calls between peers over a hivemind P2P binary stream: one msgpack map each way per stream.
 
-A message is the msgpack bytes of one map, sent as the data frames of :mod:`peer.network.blobs.wire` (at most
+A message is the msgpack bytes of one map, sent as the data frames of :mod:`peer.network.framing` (at most
 ``MAX_CHUNK`` bytes each: p2pd caps a frame at 4 MiB) and the end frame. Everything received is untrusted, and is
 checked before it can cost the receiver anything:
 
@@ -35,7 +35,7 @@ import msgpack
 from hivemind.p2p import P2P, PeerID
 
 from peer.log import get_logger
-from peer.network.blobs.wire import CHUNK_SIZE, END, MAX_CHUNK, ProtocolError, write_chunk, write_end
+from peer.network.framing import CHUNK_SIZE, ProtocolError, read_chunk_length, write_chunk, write_end
 from peer.protocol.serialization import ContainerBudget, TooManyContainers
 
 logger = get_logger(__name__)
@@ -44,7 +44,6 @@ Handler = Callable[[PeerID, dict], Awaitable[dict]]
 Precheck = Callable[[PeerID], "str | None"]  # run in an executor: it may block (a DHT read)
 MAX_ERROR_CHARS = 300
 LINGER_DISCARD = 64 << 10  # bytes a server drops unread while it waits for the caller to read its answer
-_PREFIX = len(END)  # the 4-byte length prefix of every frame
 
 
 class RemoteError(RuntimeError):
@@ -64,11 +63,9 @@ async def read_message(reader: asyncio.StreamReader, limit: int, max_containers:
     the bounds of the module docstring; ProtocolError on anything but a map with string keys."""
     parts, size = [], 0
     while True:
-        n = int.from_bytes(await reader.readexactly(_PREFIX), "big")
+        n = await read_chunk_length(reader)
         if n == 0:
             break
-        if n > MAX_CHUNK:
-            raise ProtocolError(f"data frame of {n} bytes exceeds {MAX_CHUNK}")
         if size + n > limit:
             raise ProtocolError(f"message of over {limit} bytes")
         parts.append(await reader.readexactly(n))

@@ -28,6 +28,49 @@ created mode 0600 (:func:`peer.files.write_private`): hivemind would write the l
 ``chmod`` it afterwards, so this module writes it first, in hivemind's format, and hivemind only reads it.
 :func:`check_identity_files` reads both as :func:`join` will without starting anything, so the command line refuses
 a corrupt one by name before a model loads.
+
+hivemind internals this relies on (written against hivemind 1.1.12)
+---------------------------------------------------------------------
+hivemind's public API is ``DHT`` (``get``, ``store``, ``run_coroutine``, ``get_visible_maddrs``), ``P2P``, the
+record validators and the serializer. The places below go further: into the DHT node that ``DHT.run_coroutine``
+hands a function in the DHT process, into private state, or around a behaviour that is not documented. Any of
+them can break on a hivemind upgrade, which is why setup.cfg bounds hivemind to ``>=1.1.12,<1.2``; whoever moves
+that bound checks each one (tests/test_swarm.py, test_buckets.py, test_quota_units.py, test_access_units.py,
+test_private.py and test_blobs.py exercise them).
+
+* ``peer/network/swarm.py:load_signing_key`` — restores an ``RSAPrivateKey`` with ``__new__`` and
+  ``__setstate__({"_private_key": DER bytes})``: its pickled state, a private attribute.
+* ``peer/network/swarm.py:create_libp2p_identity`` — writes the identity file as ``P2P.generate_identity`` does:
+  a ``hivemind.proto.crypto_pb2.PrivateKey`` (RSA) in the format p2pd reads.
+* ``peer/network/swarm.py:Swarm.store_many`` / ``_store_file`` — records are spooled through a file in /dev/shm
+  because the pipe from ``DHT`` to its process is read non-blocking: under load the reader finds half of a
+  message over 16 KiB and the DHT process dies. ``_store_file`` runs in that process and calls
+  ``DHTNode.store_many(..., await_all_replicas=...)``.
+* ``peer/network/swarm.py:_local_dict`` — reads ``node.protocol.storage`` (``DHTLocalStorage``, keyed by
+  ``DHTID.generate(source=key)``, dictionaries as ``DictionaryDHTValue``), ``node.protocol.serializer`` and
+  ``node.protocol.record_validator.strip_value(DHTRecord(...))``.
+* ``peer/network/swarm.py:Swarm.__init__`` — slices the bare key out of ``RSASignatureValidator.local_public_key``,
+  which is ``b"[owner:" + key + b"]"`` (its ``PUBLIC_KEY_FORMAT``; ``peer/protocol/keys.py`` ``OWNER_PREFIX`` and
+  the subkey patterns mirror it).
+* ``peer/network/swarm.py:Swarm.get_dict`` — ``DHT.get(latest=True, beam_size=..., num_workers=...)``: keyword
+  arguments ``DHT.get`` passes on to ``DHTNode.get_many`` unchecked.
+* ``peer/network/swarm.py:join`` — ``check_if_identity_free=False``, passed through ``DHT`` to ``P2P.create``.
+* ``peer/network/near_store.py:store_near`` (``_store_key``, ``_nearest_nodes``, ``_signed``) — redoes the store
+  round of ``DHTNode.store_many``: ``DHTNode.find_nearest_nodes``, ``node.protocol.call_store``,
+  ``node.protocol.storage.store``, ``node.protocol.record_validator`` (``validate``, ``sign_value``),
+  ``node.protocol.serializer``, ``node.node_id``.
+* ``peer/network/quota.py:install`` / ``quota_stats`` — replaces ``node.protocol.storage.store_subkey`` with a
+  wrapper that reads ``storage.get(key)`` (``DictionaryDHTValue`` items) and ``get_dht_time()``, and keeps its
+  counts in ``storage._hivegrpo_quota``.
+* ``peer/network/access.py:_authorizer_class`` / ``_apply_in_dht`` — subclasses ``TokenAuthorizerBase`` (with
+  ``hivemind.proto.auth_pb2.AccessToken``) and updates the DHT process's copy of it, ``node.protocol.authorizer``.
+* ``peer/network/blobs/service.py:_daemon_listen_maddr`` — ``node.p2p.daemon_listen_maddr``, for a private
+  ``P2P.replicate`` of the DHT's daemon instead of the shared ``DHT.replicate_p2p()``.
+* ``peer/protocol/validators.py:_ShapedSubkey`` / ``_RunSchemaConfig`` — extends ``BytesWithPublicKey``'s pydantic
+  v1 validator chain (``__get_validators__``), and gives the schema its own ``Config`` because
+  ``SchemaValidator._patch_schema`` sets ``schema.Config.extra``.
+* ``peer/protocol/limits.py:check_value_size`` — ``MAX_DHT_VALUE_BYTES`` is below what that same pipe carries
+  (a value over ~64 KB kills the DHT process instead of failing the store).
 """
 
 from __future__ import annotations
@@ -65,9 +108,12 @@ class IdentityFileError(SwarmJoinError):
 
 @dataclass(frozen=True)
 class NetworkConfig:
-    initial_peers: tuple[str, ...] = field(default=(), metadata={"help": "multiaddrs of peers already in the swarm"})
+    initial_peers: tuple[str, ...] = field(
+        default=(), metadata={"help": "multiaddrs of peers already in the swarm, as the host prints them"}
+    )
     host_maddrs: tuple[str, ...] = field(
-        default=("/ip4/0.0.0.0/tcp/0",), metadata={"help": "where to listen, e.g. /ip4/0.0.0.0/tcp/31337"}
+        default=("/ip4/0.0.0.0/tcp/0",),
+        metadata={"help": "where to listen, e.g. /ip4/0.0.0.0/tcp/31337 (default /ip4/0.0.0.0/tcp/0: any free port)"},
     )
     announce_maddrs: tuple[str, ...] = field(
         default=(), metadata={"help": "public multiaddrs to announce (a port forwarded on the home router)"}
@@ -75,10 +121,12 @@ class NetworkConfig:
     identity_path: str | None = field(default=None, metadata={"help": "file keeping this peer's identity"})
     use_relay: bool = field(default=True, metadata={"help": "reach and be reached through libp2p relays"})
     use_auto_relay: bool = field(default=True, metadata={"help": "find a relay automatically when behind NAT"})
-    client_mode: bool = field(default=False, metadata={"help": "query the DHT without serving it (unreachable peers)"})
+    client_mode: bool = field(
+        default=False, metadata={"help": "query the DHT without serving it (for peers nobody can reach)"}
+    )
     startup_timeout: float = field(default=60.0, metadata={"help": "seconds to wait for the libp2p daemon"})
     bootstrap_timeout: float = field(default=30.0, metadata={"help": "seconds to wait for the initial peers"})
-    invite: str | None = field(default=None, metadata={"help": "a private swarm's invite (from its host)"})
+    invite: str | None = field(default=None, metadata={"help": "a private swarm's invite, as its host gave it"})
 
     def __post_init__(self):
         for name in ("initial_peers", "host_maddrs", "announce_maddrs"):

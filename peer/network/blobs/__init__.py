@@ -11,12 +11,42 @@ bytes move over libp2p streams on protocol ``hivegrpo.blob.v1`` and are verified
 docs/blobs.md describes the wire format, the cache layout and the measured throughput.
 """
 
-from peer.network.blobs.cache import BlobCache, PendingBlob, check_sha256, sha256_file
-from peer.network.blobs.errors import BlobCorrupt, BlobUnavailable
-from peer.network.blobs.fetch import ProviderFailed, fetch_blob, read_blob_range
-from peer.network.blobs.server import BlobServer, ServerStats, allow_all, drip, flip_bytes, truncate_after
-from peer.network.blobs.service import BlobService
-from peer.network.blobs.wire import CHUNK_SIZE, PROTOCOL
+import importlib
+
+_WHERE = {  # name -> submodule: loaded when first used, so that the cache alone (a manifest's model files) needs
+    # neither hivemind nor torch
+    "BlobCache": "cache",
+    "PendingBlob": "cache",
+    "check_sha256": "cache",
+    "sha256_file": "cache",
+    "BlobCorrupt": "errors",
+    "BlobUnavailable": "errors",
+    "ProviderFailed": "fetch",
+    "fetch_blob": "fetch",
+    "read_blob_range": "fetch",
+    "BlobServer": "server",
+    "ServerStats": "server",
+    "allow_all": "server",
+    "drip": "server",
+    "flip_bytes": "server",
+    "truncate_after": "server",
+    "BlobService": "service",
+    "CHUNK_SIZE": "wire",
+    "PROTOCOL": "wire",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
 
 __all__ = [
     "CHUNK_SIZE",

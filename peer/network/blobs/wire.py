@@ -1,7 +1,8 @@
 """The wire format of blob transfer (protocol ``hivegrpo.blob.v1``), one request per libp2p stream.
 
-Every frame is a 4-byte big-endian length followed by that many bytes: p2pd does not pass a half-close
-(``write_eof``) through to the other side, so the receiver must know where the data ends.
+Every frame is a 4-byte big-endian length followed by that many bytes (:mod:`peer.network.framing`, which this
+module re-exports): p2pd does not pass a half-close (``write_eof``) through to the other side, so the receiver must
+know where the data ends.
 
     client -> server   header frame: msgpack {"sha256": hex, "offset": int, "length": int | None}
     server -> client   header frame: msgpack {"ok": bool, "size": int, "length": int, "error": str | None,
@@ -24,23 +25,26 @@ import msgpack
 
 from peer.network.access import MAX_INVITE_CHARS
 from peer.network.blobs.cache import check_sha256
+from peer.network.framing import (
+    CHUNK_SIZE,
+    END,
+    MAX_CHUNK,
+    ProtocolError,
+    frame_prefix,
+    length_prefix,
+    read_chunk,
+    read_length,
+    write_chunk,
+    write_end,
+)
 
 PROTOCOL = "hivegrpo.blob.v1"
-CHUNK_SIZE = 1 << 20
-MAX_CHUNK = 4 << 20
 MAX_HEADER = 4096
 MAX_REQUEST = 1024  # a request header: a sha256, two integers and an invite of at most MAX_INVITE_CHARS (~640 B)
 MAX_ERROR_CHARS = 300
 LATER = ("seeded", "busy")  # how a refusal that means "another provider, or again soon" begins (it may carry hints)
 MAX_HINTS = 4  # peer ids a refusal may name as holding the blob (whom this server gave it lately)
 _BASE58 = frozenset("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
-_LEN = 4
-_ORDER = "big"
-END = (0).to_bytes(_LEN, _ORDER)
-
-
-class ProtocolError(ValueError):
-    """The other side sent something this protocol does not allow."""
 
 
 @dataclass(frozen=True)
@@ -112,13 +116,13 @@ def write_header(writer: asyncio.StreamWriter, obj: dict) -> None:
     data = msgpack.packb(obj, use_bin_type=True)
     if len(data) > MAX_HEADER:
         raise ProtocolError(f"header of {len(data)} bytes exceeds {MAX_HEADER}")
-    writer.write(len(data).to_bytes(_LEN, _ORDER) + data)
+    writer.write(length_prefix(len(data)) + data)
 
 
 async def read_header(reader: asyncio.StreamReader, limit: int = MAX_HEADER) -> dict:
     """Read one msgpack header frame of at most ``limit`` bytes (checked before reading it); raises ProtocolError on
     anything but a small map with string keys."""
-    n = int.from_bytes(await reader.readexactly(_LEN), _ORDER)
+    n = await read_length(reader)
     if n > limit:
         raise ProtocolError(f"header of {n} bytes exceeds {limit}")
     data = await reader.readexactly(n)
@@ -131,26 +135,23 @@ async def read_header(reader: asyncio.StreamReader, limit: int = MAX_HEADER) -> 
     return obj
 
 
-def frame_prefix(n: int) -> bytes:
-    """The length prefix of a data frame of ``n`` bytes (1..MAX_CHUNK: an empty frame would end the data)."""
-    if not 0 < n <= MAX_CHUNK:
-        raise ValueError(f"data frames carry 1..{MAX_CHUNK} bytes, got {n}")
-    return n.to_bytes(_LEN, _ORDER)
-
-
-def write_chunk(writer: asyncio.StreamWriter, chunk: bytes | memoryview) -> None:
-    """Queue one data frame (the caller drains)."""
-    writer.write(frame_prefix(len(chunk)))
-    writer.write(chunk)
-
-
-def write_end(writer: asyncio.StreamWriter) -> None:
-    writer.write(END)
-
-
-async def read_chunk(reader: asyncio.StreamReader) -> bytes:
-    """Read one data frame; b"" means the end of the data."""
-    n = int.from_bytes(await reader.readexactly(_LEN), _ORDER)
-    if n > MAX_CHUNK:
-        raise ProtocolError(f"data frame of {n} bytes exceeds {MAX_CHUNK}")
-    return await reader.readexactly(n) if n else b""
+__all__ = [
+    "CHUNK_SIZE",
+    "END",
+    "LATER",
+    "MAX_CHUNK",
+    "MAX_ERROR_CHARS",
+    "MAX_HEADER",
+    "MAX_HINTS",
+    "MAX_REQUEST",
+    "PROTOCOL",
+    "BlobRequest",
+    "BlobResponse",
+    "ProtocolError",
+    "frame_prefix",
+    "read_chunk",
+    "read_header",
+    "write_chunk",
+    "write_end",
+    "write_header",
+]
