@@ -5,35 +5,32 @@ from __future__ import annotations
 import click
 
 from peer import cli_checks
-from peer.cli import (
-    _cache_dir_option,
-    _network_config,
-    _network_options,
-    _prompt_config,
-    _prompt_options,
-    _stop_on_signals,
-    _task_options,
-    _threads,
+from peer.cli_options import (
+    cache_dir_option,
+    json_option,
     max_upload_option,
+    model_option,
+    network_config,
+    network_options,
+    prompt_config,
+    prompt_options,
+    quantization_option,
+    revision_option,
+    run_id_option,
+    stop_on_signals,
+    task_options,
+    use_threads,
 )
 
 
 @click.command("host")
-@_network_options
-@click.option(
-    "--run-id", required=True, callback=cli_checks.run_id, help="Name of the run (letters, digits, '_' and '-')."
-)
-@click.option(
-    "--model",
-    default="bundled",
-    show_default=True,
-    callback=cli_checks.model,
-    help="'bundled', a model directory or a hub id.",
-)
-@click.option("--revision", default=None, help="Hub revision of --model.")
-@click.option("--quantization", type=click.Choice(["nf4", "int8", "none"]), default="nf4", show_default=True)
-@_task_options
-@_prompt_options
+@network_options
+@run_id_option("Name of the run (letters, digits, '_' and '-').")
+@model_option()
+@revision_option
+@quantization_option()
+@task_options
+@prompt_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed: every prompt derives from it.")
 @click.option("--group-size", type=click.IntRange(2, 64), default=8, show_default=True)
 @click.option(
@@ -58,7 +55,7 @@ from peer.cli import (
     show_default=True,
     help="Learners drop groups more than this many adapter versions old.",
 )
-@_cache_dir_option
+@cache_dir_option
 @click.option(
     "--info-file",
     type=click.Path(dir_okay=False),
@@ -125,8 +122,8 @@ def host_cmd(
             "a restart (or every invite given out would stop working)"
         )
     cli_checks.listen(web_host, web_port, "--web-port")
-    _threads(1)
-    prompt = _prompt_config(chat_template, system_prompt, stop)
+    use_threads(1)
+    prompt = prompt_config(chat_template, system_prompt, stop)
     from coordinator.manifest import ManifestTooLarge, RunSettings, check_settings
     from peer.grpo import SamplingConfig, StalenessConfig
 
@@ -152,7 +149,7 @@ def host_cmd(
 
     config = HostConfig(
         settings,
-        _network_config(**network),
+        network_config(**network),
         cache_dir=Path(cache_dir).expanduser(),
         web_port=web_port,
         web_host=web_host,
@@ -177,7 +174,7 @@ def host_cmd(
                 else ""
             )
         )
-        _stop_on_signals(host.request_stop)
+        stop_on_signals(host.request_stop)
         host.wait()
     finally:
         host.close()
@@ -220,7 +217,7 @@ def _invite_ids(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
     callback=cli_checks.host_identity,
     help="The host's --identity file.",
 )
-@click.option("--run-id", required=True, callback=cli_checks.run_id, help="The private run, as the host runs it.")
+@run_id_option("The private run, as the host runs it.")
 @click.option("--name", default="", callback=_invite_name, help="Who the invite is for (shown in --list).")
 @click.option(
     "--expires",
@@ -245,7 +242,7 @@ def _invite_ids(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
     show_default=True,
     help="member: an invite to a private swarm; learner: a credential admitting a learner (public or private runs).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option()
 def invite_cmd(identity, run_id, name, expires, revoke, show, role, as_json):
     """Issue (default), revoke or list invites (private swarms) and learner credentials (any swarm); the running
     host applies revocations in seconds."""

@@ -203,6 +203,16 @@ def same_run(run: str, invite_token: str | None, credential_token: str | None = 
             )
 
 
+def allowed_tasks(ctx, param, modules: tuple[str, ...]) -> tuple[str, ...]:
+    """``--allow-task``: module names alone, the ``module`` of a plug-in task's ``module:attribute``."""
+    for module in modules:
+        if not module or ":" in module or module.strip() != module:
+            raise click.BadParameter(
+                f"give the module only, e.g. 'mypkg.tasks' for the task 'mypkg.tasks:MyTask', got {module!r}"
+            )
+    return tuple(modules)
+
+
 def model(ctx, param, value: str | None) -> str | None:
     """``--model``: ``bundled``, a model directory or a hub id (:func:`peer.model.config.check_model_name`)."""
     from peer.model.config import check_model_name

@@ -4,8 +4,11 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+_NO_RUN = SimpleNamespace(to_json=dict)  # what a role's run returns, for the CLI to print (nothing ran)
 
 
 def hivegrpo(*args, check=True, timeout=240):
@@ -39,8 +42,8 @@ def test_allow_task_reaches_the_rollout_and_learner_sessions(monkeypatch):
     from peer.roles.rollout import peer as rollout
 
     seen = []
-    monkeypatch.setattr(rollout, "run_rollout", lambda config, on_ready: seen.append(config) or {})
-    monkeypatch.setattr(learner, "run_learner", lambda config, on_ready: seen.append(config) or {})
+    monkeypatch.setattr(rollout, "run_rollout", lambda config, on_ready: seen.append(config) or _NO_RUN)
+    monkeypatch.setattr(learner, "run_learner", lambda config, on_ready: seen.append(config) or _NO_RUN)
     allow = ["--allow-task", "mypkg.tasks", "--allow-task", "other"]
     credential = ["--learner-credential", issue_credential(load_signing_key(None), "r").token]
     for run in (["join", "--run-id", "r"], ["learn", "--run-id", "r", *credential]):

@@ -6,9 +6,10 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-QUANTIZATIONS = ("nf4", "int8", "none")
-DEVICES = ("auto", "cpu", "cuda")  # and "cuda:N", one GPU by its index
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+# The values ModelConfig accepts, here once: the command line's choices and checks come from these.
+QUANTIZATIONS = ("nf4", "int8", "none")  # how the frozen base is held (bitsandbytes), or not quantized
+DEVICES = ("auto", "cpu", "cuda")  # and "cuda:N", one GPU by its index (check_device)
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # compute dtype; auto picks by device (loading.resolve_dtype)
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -77,17 +78,22 @@ def _from_dict(cls, data: dict):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = field(default="bundled", metadata={"help": "'bundled', a local directory, or a model hub id"})
-    quantization: str = field(default="nf4", metadata={"help": "base weights as nf4 or int8 (bitsandbytes), or none"})
-    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N (GPU N), or auto (cuda when available)"})
-    dtype: str = field(
+    name: str = field(default=BUNDLED, metadata={"help": "'bundled', a model directory or a hub id"})
+    quantization: str = field(
+        default="nf4",
+        metadata={"help": "how the frozen base weights are held: nf4 or int8 (bitsandbytes), or none"},
+    )
+    device: str = field(
         default="auto",
         metadata={
-            "help": "compute dtype: float32, bfloat16, float16, or auto (bfloat16 on a GPU that has it, else "
-            "float16 on a GPU, float32 on CPU)"
+            "help": "where to compute: cpu, cuda (the first GPU), cuda:N (GPU N) or auto (a GPU when torch sees one)"
         },
     )
-    revision: str | None = field(default=None, metadata={"help": "hub revision (ignored for local models)"})
+    dtype: str = field(
+        default="auto",
+        metadata={"help": "compute dtype; auto: bfloat16 on a GPU that has it (else float16), float32 on CPU"},
+    )
+    revision: str | None = field(default=None, metadata={"help": "hub revision of the model (ignored for local ones)"})
 
     def __post_init__(self):
         if self.quantization not in QUANTIZATIONS:
