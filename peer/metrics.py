@@ -177,17 +177,17 @@ class LearnerCollector(Collector):
         p = self.peer
         session, intake, announcer = p.session, p.intake, getattr(p, "announcer", None)
         history = list(p.history)
-        newest = history[-1] if history else {}
+        newest = history[-1] if history else None
         values = {
             "adapter_version": session.version if session is not None else None,
             "versions_made_total": p.made,
-            "groups_used_total": sum(h["groups"] for h in history),
+            "groups_used_total": sum(h.groups for h in history),
             "busy_fraction": p.busy,
             "phase_seconds_total": (["phase"], dict(p.phases)),
             "train_cpu_seconds_total": p.train_cpu,
             "groups_per_second": _heartbeat(session).get("throughput"),
-            "staleness_mean": newest.get("staleness_mean"),
-            "reward_mean": newest.get("reward_mean"),
+            "staleness_mean": newest.staleness_mean if newest is not None else None,
+            "reward_mean": newest.reward_mean if newest is not None else None,
             "announce_failures_total": announcer.failures if announcer is not None else None,
         }
         if intake is not None:

@@ -28,7 +28,7 @@ STOP_GRACE = 60.0  # seconds a child gets to finish after SIGTERM
 
 
 class Child:
-    def __init__(self, name: str, argv: list[str], logs: Path, nice: int = 0):
+    def __init__(self, name: str, argv: list[str], logs: Path, nice: int = 0, module: str = "peer.cli"):
         self.name = name
         self.log = logs / f"{name}.log"
         self.summary = logs / f"{name}.json"
@@ -36,7 +36,7 @@ class Child:
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         with open(self.log, "w") as err, open(self.summary, "w") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "peer.cli", *argv],
+                [sys.executable, "-m", module, *argv],
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
@@ -102,9 +102,12 @@ class LocalSwarm:
         host_args: list[str] | None = None,
         learner_args: list[str] | None = None,
         rollout_args: list[list[str]] | None = None,
+        module: str = "peer.cli",
     ):
         """``host_args``, ``learner_args`` and ``rollout_args`` (one list per rollout peer) are appended to the
-        children's command lines (benchmarks use them: another model or task, a ledger per rollout peer, knobs)."""
+        children's command lines (benchmarks use them: another model or task, a ledger per rollout peer);
+        ``module`` is what each child runs with ``python -m`` (a benchmark's harness wraps the command line)."""
+        self.module = module
         self.root, self.logs, self.run_id = root, logs, run_id
         self.rollout_count, self.ledger, self.learner_count = rollout_peers, ledger, learners
         self.host_args, self.learner_args = list(host_args or []), list(learner_args or [])
@@ -119,7 +122,9 @@ class LocalSwarm:
         self.logs.mkdir(parents=True, exist_ok=True)
         info_file = self.root / "info.json"
         host = ["host", "--run-id", self.run_id, "--cache-dir", str(self.root / "host"), *LOOPBACK]
-        self.host = Child("host", [*host, "--info-file", str(info_file), *self.host_args], self.logs)
+        self.host = Child(
+            "host", [*host, "--info-file", str(info_file), *self.host_args], self.logs, module=self.module
+        )
         deadline = time.monotonic() + timeout
         while not info_file.exists():
             if not self.host.alive or time.monotonic() > deadline:
@@ -138,7 +143,7 @@ class LocalSwarm:
             learner = ["learn", *joining, "--learner-credential", self.info["learner_credential"]]
             learner += ["--cache-dir", str(self.root / name), "--ledger", str(ledger)]
             learner += self.learner_args
-            self.learners.append(Child(name, learner, self.logs))
+            self.learners.append(Child(name, learner, self.logs, module=self.module))
             if i + 1 < self.learner_count:
                 time.sleep(LEARNER_STAGGER)  # a later learner then finds the first one leading, and helps it
         for i in range(self.rollout_count):
@@ -149,7 +154,7 @@ class LocalSwarm:
         """Start one more rollout peer (after :meth:`start`), with ``extra`` arguments."""
         rollout = ["join", *self.joining, "--cache-dir", str(self.root / name)]
         rollout += ["--identity", str(self.root / f"{name}.id"), *ROLLOUT_ARGS, *(extra or [])]
-        child = Child(name, rollout, self.logs, nice=ROLLOUT_NICE)
+        child = Child(name, rollout, self.logs, nice=ROLLOUT_NICE, module=self.module)
         self.rollouts.append(child)
         return child
 

@@ -1,14 +1,14 @@
 """Rollout peers in a swarm: a straggler, churn, and how fast a new adapter reaches every peer.
 
-Each round runs the demo's local swarm (:class:`peer.demo.swarm.LocalSwarm`: host, 3 rollout peers, 1 learner;
-real processes on loopback, one torch thread each; the host with ``--groups-per-version 24``, so an update is one
-batch of 8 prompts from each of 3 peers). Every rollout peer writes its ledger (``hivegrpo join --ledger``: a line
-when ready, per batch and per adapter swap), the learner its own (a line per version with the groups each peer
-gave). Rollout peers are *paced* with the benchmark knob ``--bench-batch-seconds S`` (a batch lasts at least S
-seconds: after sampling, a sleep until then before its groups are published, as on a machine that needs S seconds
-per batch; the sleep leaves the CPU to the others, so each peer's rate is set by S, not by who wins the 2 cores):
-unpaced, three peers on 2 cores outrun the learner, and a swarm bound by its learner loses nothing to a slow peer.
-Rounds, each ``--warmup`` s after the first version then ``--seconds`` measured:
+Each round runs the demo's local swarm (:class:`peer.demo.swarm.LocalSwarm`: host, 3 rollout peers, 1 learner; real
+processes on loopback, one torch thread each; the host with ``--groups-per-version 24``, so an update is one batch of 8
+prompts from each of 3 peers). Every rollout peer writes its ledger (``hivegrpo join --ledger``: a line when ready, per
+batch and per adapter swap), the learner its own (a line per version with the groups each peer gave). Rollout peers are
+*paced* with the harness's ``--bench-batch-seconds S`` (:mod:`tests.benchmarks.harness`; a batch lasts at least S
+seconds: after sampling, a sleep until then before its groups are published, as on a machine that needs S seconds per
+batch; the sleep leaves the CPU to the others, so each peer's rate is set by S, not by who wins the 2 cores): unpaced,
+three peers on 2 cores outrun the learner, and a swarm bound by its learner loses nothing to a slow peer. Rounds, each
+``--warmup`` s after the first version then ``--seconds`` measured:
 
 * **plain**: 3 unpaced peers (the demo's settings): the learner-bound case, and propagation with short batches.
 * **straggler, async**: peers paced at ``--batch-seconds`` (8 groups a batch), rollout-3 ``--slowdown`` times slower.
@@ -168,6 +168,7 @@ class Round:
             host_args=["--groups-per-version", str(GROUPS_PER_VERSION), "--tau-max", str(tau_max)],
             learner_args=list(learner_args),
             rollout_args=args,
+            module="tests.benchmarks.harness",  # the --bench-* strategies
         )
         self.spawned: dict[str, float] = {}
 

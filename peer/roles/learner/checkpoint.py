@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -114,6 +115,61 @@ def journal_chain(directory: Path, version: int, sha: str) -> list[dict]:
         chain.append(line)
         version, sha = line["version"], line["sha"]
     return chain
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where a learner starting with a checkpoint directory goes on from (:func:`plan_resume`).
+
+    ``own``: its own state is at least as new as the swarm's newest version, and the learner takes it:
+    ``version``/``sha``/``parent``, after the checkpoint (if ``checkpointed``) the journal's ``chain`` of versions
+    (the adapter is then the last chained version's cached blob, else the checkpoint's). Not ``own``: it continues
+    from the swarm's version; ``rewrite`` then says its directory holds an older or other lineage, to be
+    checkpointed over at start."""
+
+    own: bool
+    version: int = 0
+    sha: str = ""
+    parent: str = ""
+    chain: tuple[dict, ...] = ()
+    checkpointed: bool = False
+    rewrite: bool = False
+
+    def describe(self, directory) -> str:
+        """How the learner's summary names where it resumed from."""
+        if not self.own:
+            return "swarm"
+        text = f"{'checkpoint' if self.checkpointed else 'journal'} {directory}"
+        if self.chain and self.checkpointed:
+            text += f" + {len(self.chain)} journalled version(s)"
+        return text
+
+
+def plan_resume(meta: dict | None, chain: list[dict], cached, announced: tuple[int, str]) -> ResumePlan:
+    """Decide where a learner resumes (pure: no file, no network).
+
+    ``meta``: its checkpoint's ``checkpoint.json`` (None: no checkpoint; the journal then chains from v0);
+    ``chain``: :func:`journal_chain` from the checkpoint's version; ``cached(sha)``: whether the
+    blob cache holds that adapter (the chain ends at the newest version it holds); ``announced``: the swarm's newest
+    ``(version, sha)`` as the session took it."""
+    chain = list(chain)
+    while chain and not cached(chain[-1]["sha"]):
+        chain.pop()
+    if meta is None and not chain:
+        return ResumePlan(own=False)  # nothing of this learner's own beyond v0
+    version, sha = (chain[-1]["version"], chain[-1]["sha"]) if chain else (meta["version"], meta["sha256"])
+    swarm_version, swarm_sha = announced
+    if version < swarm_version or (version == swarm_version and sha != swarm_sha):
+        return ResumePlan(own=False, version=version, sha=sha, rewrite=True)
+    parent = chain[-1]["parent"] if chain else meta["parent_sha256"]
+    return ResumePlan(
+        own=True,
+        version=version,
+        sha=sha,
+        parent=parent,
+        chain=tuple(chain),
+        checkpointed=meta is not None,
+    )
 
 
 def restore_credit(table: CreditTable, meta: dict, directory: Path) -> int:

@@ -32,7 +32,7 @@ import threading
 import time
 from collections import Counter, deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -54,12 +54,15 @@ from peer.protocol.limits import MAX_HISTORY, MAX_TALLIED
 from peer.roles.learner.checkpoint import (
     append_journal,
     journal_chain,
+    plan_resume,
     read_checkpoint,
     restore_credit,
     write_checkpoint,
 )
 from peer.roles.learner.intake import Accepted, Intake
 from peer.roles.learner.io import Announcer, Fetcher
+from peer.roles.learner.record import VersionRecord
+from peer.roles.learner.state import LearnerState
 from peer.roles.learner.team.member import Teamwork
 from peer.roles.learner.update import (
     MicroBatcher,
@@ -70,6 +73,7 @@ from peer.roles.learner.update import (
     learn_step,
 )
 from peer.roles.learner.verify import LogprobCheck, Refused, check_logprobs_many
+from peer.roles.supervisor import supervise
 from peer.run.adapters import REDEMAND_EVERY
 from peer.run.credit import CreditPublisher, CreditTable, merge_admitted
 from peer.run.session import Session, SessionConfig, default_cache_dir, open_session
@@ -78,7 +82,6 @@ logger = get_logger(__name__)
 
 SPOT_CHECK_BATCH = 4  # log-prob checks wait until this many are due (or the update needs them)
 DEMAND_WINDOW = 10.0  # s over which the consumption rate in the announcements is measured
-KEEP_ADAPTERS = 2  # versions beyond the staleness window whose blobs stay in the cache (for slow followers)
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,6 @@ class LearnerConfig:
     logprob_tolerance: float = 0.05  # median |Δ| nats over a group's tokens; LogprobCheck.with_tolerance
     poll_interval: float = 0.25
     ledger: Path | None = None  # JSON lines: per version, the groups in its update and the metrics
-    barrier: bool = False  # benchmark knob (docs/benchmarks.md): wait for every peer's share at each version
     micro_batch_tokens: int | None = None  # tokens per forward/backward (the same update); None: the whole batch
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, more time
     name: str | None = None  # this peer's --name in its heartbeat (status shows it)
@@ -131,19 +133,51 @@ class LearnerConfig:
         return SessionConfig.of(self)
 
 
+@dataclass(frozen=True)
+class LearnerSummary:
+    """What :meth:`LearnerPeer.run` did (``hivegrpo learn`` prints it; ``--json`` prints :meth:`to_json`)."""
+
+    versions_made: int  # made, or (helping) applied
+    adapter_version: int
+    adapter_sha256: str
+    groups_accepted: int  # used in this learner's updates
+    groups_dropped_stale: int
+    groups_no_signal: int
+    takes_short: dict[str, int]  # takes short of groups, and of other signers' groups (the share cap)
+    groups_rejected: dict[str, int]  # by reason
+    ignored_banned: int
+    banned: list[str]  # key fingerprints
+    logprob_checks: int
+    seconds: float
+    groups_per_second: float
+    step_seconds_mean: float
+    staleness_mean: float
+    staleness_max: int
+    announce_failures: int
+    credit: dict[str, int]  # contributors, groups used, records published
+    resumed_from: str  # "swarm", or the checkpoint / journal it resumed from
+    peer_id: str
+    team: dict  # leading or helping, and what the team protocol counted
+    busy_fraction: float  # training CPU seconds per wall second
+    phase_seconds: dict[str, float]  # wall seconds of the leading loop by phase
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
 class LearnerPeer:
     """One learner: :meth:`start`, :meth:`run` (the loop), :meth:`close`. It leads its team of learners (alone: a
     team of one) or helps the learner that does (:mod:`peer.roles.learner.team.lead`)."""
 
-    def __init__(self, config: LearnerConfig):
+    def __init__(self, config: LearnerConfig, barrier: bool = False):
+        """``barrier``: the synchronous baseline a benchmark measures against (:class:`Intake`'s), never a run's."""
         self.config = config
+        self.barrier = barrier
         self.stop_event = threading.Event()
         self._closers = Closers()
         self.session: Session | None = None
         self.intake: Intake | None = None
-        self.optimizer = None
-        # per version of the window: its sha256 and a copy of its LoRA tensors (spot checks visit old versions)
-        self.window: dict[int, tuple[str, list[torch.Tensor]]] = {}
+        self.state: LearnerState | None = None  # the lineage state: model, AdamW, parent, window (start makes it)
         self.made = 0  # versions made (or, helping, applied) by this run of the learner
         self.step_seconds: list[float] = []
         self.phases: Counter = Counter()  # wall seconds of the leading loop by phase (read, check, take, update, wait)
@@ -154,12 +188,9 @@ class LearnerPeer:
         self._consumption: deque[tuple[float, int, float]] = deque()  # (time, groups consumed, s waited)
         self._since_version = time.perf_counter()  # when the previous version was made (busy fraction per version)
         self.staleness: list[int] = []
-        self.history: list[dict] = []
+        self.history: list[VersionRecord] = []
         self.accepted_by: Counter = Counter()  # signer -> groups used in an update
         self.resumed_from: str = "swarm"
-        self._checkpointed: frozenset = frozenset()  # the sha256 of the adapter in the checkpoint (kept cached)
-        self.parent_sha = ""  # the parent of the version held now
-        self.bans_recorded = 0  # bans already in the journal and told to helpers (intake.banned keeps its order)
         self._checkpoint_after_start = False
         self.fetcher: Fetcher | None = None  # reads the buckets while this learner leads
         self.team = Teamwork(self)
@@ -186,17 +217,16 @@ class LearnerPeer:
             batch=spec.groups_per_version,
             share_cap=c.share_cap,
             check_rate=c.check_rate,
-            barrier=c.barrier,
+            barrier=self.barrier,
         )
-        self.optimizer = torch.optim.AdamW(lora_parameters(s.model), lr=c.lr)
+        self.state = LearnerState(s, torch.optim.AdamW(lora_parameters(s.model), lr=c.lr), self.intake)
         if c.gradient_checkpointing:
             enable_gradient_checkpointing(s.model)
-        self.parent_sha = s.parent
         self.intake.credit = self.credit
         self._resume()
         self.merge_credit()  # before the intake counts anything: merging by maximum needs one history on each side
-        self.bans_recorded = len(self.intake.banned)
-        self.remember(s.version, s.sha)
+        self.state.bans_recorded = len(self.intake.banned)
+        self.state.remember()
         if self._checkpoint_after_start:
             self.checkpoint()
         s.model.eval()
@@ -209,7 +239,7 @@ class LearnerPeer:
         self.credit_publisher = CreditPublisher(s.swarm, self.credit, lambda: self.session.version).start()
         self._closers.add(self.credit_publisher.close)
         if s.version > 0:  # what it resumed from is served and announced by this learner too
-            self.announcer.submit(s.version, s.blob, self.parent_sha, None)
+            self.announcer.submit(s.version, s.blob, self.state.parent, None)
         self.team.start(self._closers)
         s.heartbeat.update(state="running")  # status and the host's page show it running, not starting
         logger.info(
@@ -230,51 +260,48 @@ class LearnerPeer:
         if not c.checkpoint_dir:
             return
         checkpoint = read_checkpoint(c.checkpoint_dir)
-        if checkpoint is None:
-            meta, blob, optimizer_state = {"version": 0, "sha256": s.spec.manifest.adapter0_sha256}, None, None
-        else:
-            meta, blob, optimizer_state = checkpoint
-            if meta["run_id"] != c.run_id:
-                raise UserError(
-                    f"{c.checkpoint_dir} holds a checkpoint of run {meta['run_id']!r}, not {c.run_id!r}: pass another "
-                    "--checkpoint-dir"
-                )
-        restore_credit(self.credit, meta, c.checkpoint_dir)  # the run's credit, whichever lineage continues
-        chain = journal_chain(c.checkpoint_dir, meta["version"], meta["sha256"])
-        while chain and not s.blobs.cache.has(chain[-1]["sha"]):
-            chain.pop()
-        version, sha = (chain[-1]["version"], chain[-1]["sha"]) if chain else (meta["version"], meta["sha256"])
-        if blob is None and not chain:
-            return  # nothing of this learner's own beyond v0
-        if version < s.version or (version == s.version and sha != s.sha):
+        meta, blob, optimizer_state = checkpoint if checkpoint is not None else (None, None, None)
+        if meta is not None and meta["run_id"] != c.run_id:
+            raise UserError(
+                f"{c.checkpoint_dir} holds a checkpoint of run {meta['run_id']!r}, not {c.run_id!r}: pass another "
+                "--checkpoint-dir"
+            )
+        restore_credit(self.credit, meta or {}, c.checkpoint_dir)  # the run's credit, whichever lineage continues
+        start = (meta["version"], meta["sha256"]) if meta is not None else (0, s.spec.manifest.adapter0_sha256)
+        plan = plan_resume(
+            meta,
+            journal_chain(c.checkpoint_dir, *start),
+            s.blobs.cache.has,
+            (s.version, s.sha),
+        )
+        if plan.rewrite:
             logger.warning(
                 "this learner's own state (v%d) is older than the announced v%d: continuing from the swarm's (fresh "
                 "optimizer state)",
-                version,
+                plan.version,
                 s.version,
             )
             self._checkpoint_after_start = True  # the directory then describes the lineage this learner is in
+        if not plan.own:
             return
-        if chain:
-            blob = s.blobs.cache.path(sha).read_bytes()
-        if version > s.version:
-            s.swap(version, sha, blob)
+        if plan.chain:
+            blob = s.blobs.cache.path(plan.sha).read_bytes()
+        if plan.version > s.version:
+            s.swap(plan.version, plan.sha, blob)
         if optimizer_state is not None:
-            self.optimizer.load_state_dict(optimizer_state)  # the checkpoint's: len(chain) updates older
-        self.intake.restore(meta)
-        for line in chain:
+            self.state.optimizer.load_state_dict(optimizer_state)  # the checkpoint's: len(chain) updates older
+        if meta is not None:
+            self.intake.restore(meta)
+        for line in plan.chain:
             self.intake.restore(line["intake"])
-        self.parent_sha = chain[-1]["parent"] if chain else meta["parent_sha256"]
-        source = "checkpoint" if checkpoint is not None else "journal"
-        self.resumed_from = f"{source} {c.checkpoint_dir}"
-        if chain:
-            if checkpoint is not None:
-                self.resumed_from += f" + {len(chain)} journalled version(s)"
+        self.state.parent = plan.parent
+        self.resumed_from = plan.describe(c.checkpoint_dir)
+        if plan.chain:
             logger.info(
                 "resumed v%d: v%d and the journal's next %d version(s) (AdamW state %s)",
-                version,
-                meta["version"],
-                len(chain),
+                plan.version,
+                start[0],
+                len(plan.chain),
                 "of the checkpoint" if optimizer_state is not None else "fresh",
             )
 
@@ -297,7 +324,7 @@ class LearnerPeer:
             throughput=self._rate(),
             stats={
                 "versions": float(self.made),
-                "accepted": float(sum(h["groups"] for h in self.history)),
+                "accepted": float(sum(h.groups for h in self.history)),
                 "rejected": float(sum(self.intake.rejected.values())),
                 "banned": float(len(self.intake.banned)),
                 "waiting": float(self.intake.waiting()),
@@ -322,7 +349,7 @@ class LearnerPeer:
     def request_stop(self) -> None:
         self.stop_event.set()
 
-    def run(self, max_seconds: float | None = None) -> dict:
+    def run(self, max_seconds: float | None = None) -> LearnerSummary:
         """Learn until stopped, ``max_versions`` or ``max_seconds``; returns what was done."""
         s, c, intake = self.session, self.config, self.intake
         started = time.perf_counter()
@@ -359,38 +386,38 @@ class LearnerPeer:
                 self._update(chosen)
         self.announcer.flush()
         seconds = time.perf_counter() - started
-        if c.checkpoint_dir and self.made and self._checkpointed != frozenset({s.sha}):
+        if c.checkpoint_dir and self.made and self.state.checkpointed != frozenset({s.sha}):
             self.checkpoint()
-        accepted = sum(h["groups"] for h in self.history)
-        return {
-            "versions_made": self.made,
-            "adapter_version": s.version,
-            "adapter_sha256": s.sha,
-            "groups_accepted": accepted,
-            "groups_dropped_stale": intake.counts["dropped_stale"],
-            "groups_no_signal": intake.counts["no_signal"],
-            "takes_short": {"of_groups": intake.counts["short"], "of_other_signers": intake.counts["short_capped"]},
-            "groups_rejected": dict(intake.rejected),
-            "ignored_banned": intake.counts["ignored_banned"],
-            "banned": sorted(key_fingerprint(o) for o in intake.banned),
-            "logprob_checks": intake.counts["checked"],
-            "seconds": round(seconds, 3),
-            "groups_per_second": round(accepted / seconds, 3) if seconds else 0.0,
-            "step_seconds_mean": round(sum(self.step_seconds) / len(self.step_seconds), 4) if self.step_seconds else 0,
-            "staleness_mean": round(sum(self.staleness) / len(self.staleness), 3) if self.staleness else 0.0,
-            "staleness_max": max(self.staleness, default=0),
-            "announce_failures": self.announcer.failures,
-            "credit": {
+        accepted = sum(h.groups for h in self.history)
+        return LearnerSummary(
+            versions_made=self.made,
+            adapter_version=s.version,
+            adapter_sha256=s.sha,
+            groups_accepted=accepted,
+            groups_dropped_stale=intake.counts["dropped_stale"],
+            groups_no_signal=intake.counts["no_signal"],
+            takes_short={"of_groups": intake.counts["short"], "of_other_signers": intake.counts["short_capped"]},
+            groups_rejected=dict(intake.rejected),
+            ignored_banned=intake.counts["ignored_banned"],
+            banned=sorted(key_fingerprint(o) for o in intake.banned),
+            logprob_checks=intake.counts["checked"],
+            seconds=round(seconds, 3),
+            groups_per_second=round(accepted / seconds, 3) if seconds else 0.0,
+            step_seconds_mean=round(sum(self.step_seconds) / len(self.step_seconds), 4) if self.step_seconds else 0,
+            staleness_mean=round(sum(self.staleness) / len(self.staleness), 3) if self.staleness else 0.0,
+            staleness_max=max(self.staleness, default=0),
+            announce_failures=self.announcer.failures,
+            credit={
                 "contributors": len(self.credit),
                 "groups_used": self.credit.groups_used,
                 "published": self.credit_publisher.published if self.credit_publisher else 0,
             },
-            "resumed_from": self.resumed_from,
-            "peer_id": str(s.swarm.peer_id),
-            "team": self.team.summary(),
-            "busy_fraction": round(self.train_cpu / seconds, 3) if seconds else 0.0,
-            "phase_seconds": {k: round(v, 2) for k, v in self.phases.most_common()},
-        }
+            resumed_from=self.resumed_from,
+            peer_id=str(s.swarm.peer_id),
+            team=self.team.summary(),
+            busy_fraction=round(self.train_cpu / seconds, 3) if seconds else 0.0,
+            phase_seconds={k: round(v, 2) for k, v in self.phases.most_common()},
+        )
 
     @contextmanager
     def _phase(self, name: str):
@@ -436,7 +463,7 @@ class LearnerPeer:
         params = lora_parameters(s.model)
         try:
             for version in sorted({a.group.version for a in pending}):
-                known = self.window.get(version)
+                known = self.state.window.get(version)
                 if known is None:  # too old to check any more: it will be dropped as stale
                     for a in pending:
                         if a.group.version == version:
@@ -452,7 +479,7 @@ class LearnerPeer:
                         logger.warning("banned %s for this run: %s", key_fingerprint(a.owner), refused)
                     self.intake.checked(a, refused)
         finally:
-            _copy_into(params, self.window[s.version][1])
+            _copy_into(params, self.state.window[s.version][1])
 
     def _update(self, chosen: list[Accepted]) -> None:
         """Make version ``v + 1`` from ``chosen`` (its gradient computed in shares with the helpers, if any)."""
@@ -465,7 +492,7 @@ class LearnerPeer:
         if combined is None:  # every group's rewards were all equal: they are used, but nothing moves
             self._record(None, chosen, taus, time.perf_counter() - t0, None)
             return
-        grad_norm = apply_gradient(s.model, self.optimizer, combined.grads, c.max_grad_norm)
+        grad_norm = apply_gradient(s.model, self.state.optimizer, combined.grads, c.max_grad_norm)
         train_cpu = time.thread_time() - cpu0
         self.train_cpu += train_cpu
         now = time.perf_counter()
@@ -478,19 +505,9 @@ class LearnerPeer:
         self.step_seconds.append(seconds)
         stats = {**combined.stats, "grad_norm": grad_norm, "busy": round(busy, 3), **cost}
         record = self._record(parent, chosen, taus, seconds, stats, version=s.version + 1, sha=sha)
-        delta = self.intake_delta(chosen)
+        delta = self.state.intake_delta(chosen)
         self.team.stepped(chosen, combined.grads, blob, parent, record, delta)
         self.advance(parent, sha, blob, record, self._metrics(record), delta)
-
-    def intake_delta(self, chosen: list[Accepted]) -> dict:
-        """What an update changed in the intake's lasting state (:meth:`Intake.restore` takes it): the seqs it
-        used, and the bans since the previous update."""
-        used: dict[str, list[list[int]]] = {}
-        for a in chosen:
-            used.setdefault(a.owner.hex(), []).append([a.group.seq, a.group.version])
-        banned = list(self.intake.banned.items())[self.bans_recorded :]
-        self.bans_recorded += len(banned)
-        return {"used": used, "banned": {owner.hex(): why for owner, why in banned}}
 
     def share(self, part: list[Accepted]) -> Share | None:
         s = self.session
@@ -501,24 +518,29 @@ class LearnerPeer:
         )
 
     def advance(
-        self, parent: str, sha: str, blob: bytes, record: dict, metrics: MetricsRecord | None, intake_delta: dict
+        self,
+        parent: str,
+        sha: str,
+        blob: bytes,
+        record: VersionRecord,
+        metrics: MetricsRecord | None,
+        intake_delta: dict,
+        ledger_line: dict | None = None,
     ) -> None:
         """The model now holds the next version (made here or applied from the leader): journal, keep, announce,
-        log it."""
+        log it. Applied, ``record`` is the leader's, and ``ledger_line`` its line as the leader wrote it."""
         s, c = self.session, self.config
         self.credit.count_used(intake_delta["used"])  # before the journal line: it carries the credit that changed
         if c.checkpoint_dir:  # before anyone can see the version (a helper's next request says it holds it): a
             s.blobs.cache.put_bytes(blob, sha256=sha)  # restart after a crash resumes from the journal and this blob
             append_journal(c.checkpoint_dir, s.version + 1, sha, parent, intake_delta, self.credit.take_delta())
-        s.version, s.sha, s.blob = s.version + 1, sha, blob
-        self.parent_sha = parent
+        self.state.advance(parent, sha, blob)
         self.made += 1
-        self.remember(s.version, sha)
         if self.fetcher is not None:
             self.fetcher.version = s.version
         if self.team.leader is not None:  # applied: the leader's record, kept here too
             self.history.append(record)
-            self._ledger(record)
+            self._ledger(ledger_line if ledger_line is not None else record.to_json())
         gate = None
         if self.team.leader is None:  # leading: announced once the helpers hold it (none: at once)
             gate = lambda v=s.version: self.team.lead.holds(v)  # noqa: E731
@@ -527,6 +549,17 @@ class LearnerPeer:
         self.beat()
         if c.checkpoint_dir and self.made % c.checkpoint_every == 0:
             self.checkpoint()
+
+    def adopt(self, state: dict) -> None:
+        """Take a leader's whole state (:meth:`LearnerState.adopt`; it raises, changing nothing, when the state does
+        not fit): then serve and announce it, and checkpoint it (the journal cannot chain a state taken whole)."""
+        self.state.adopt(state)
+        if self.fetcher is not None:
+            self.fetcher.version = self.session.version
+        self.announcer.submit(self.session.version, self.session.blob, self.state.parent, None)
+        if self.config.checkpoint_dir:
+            self.checkpoint()
+        self.beat()
 
     def _redemand(self) -> None:
         """Waiting for groups without making a version: every ``REDEMAND_EVERY`` s announce the held version again
@@ -537,7 +570,7 @@ class LearnerPeer:
         demand = self.demand()
         if demand is not None and self.session.version > 0:
             self._announced_at = now
-            self.announcer.submit(self.session.version, self.session.blob, self.parent_sha, None, None, demand)
+            self.announcer.submit(self.session.version, self.session.blob, self.state.parent, None, None, demand)
 
     def demand(self) -> Demand | None:
         """What this learner would consume if it never waited, for its announcement (rollout peers pace to it):
@@ -559,38 +592,38 @@ class LearnerPeer:
             contributors=self.intake.contributors(self.session.version),
         )
 
-    def _record(self, parent, chosen, taus, seconds, stats, version=None, sha=None) -> dict:
+    def _record(self, parent, chosen, taus, seconds, stats, version=None, sha=None) -> VersionRecord:
         s = self.session
         rewards = [r for a in chosen for r in a.group.rewards]
-        record = {
-            "version": s.version if version is None else version,
-            "sha256": s.sha if sha is None else sha,
-            "parent_sha256": parent,
-            "time": time.time(),
-            "groups": len(chosen),
-            "staleness_mean": sum(taus) / len(taus),
-            "staleness_max": max(taus),
-            "reward_mean": sum(rewards) / len(rewards),
-            "step_seconds": round(seconds, 4),
-            "waiting": self.intake.waiting(),
-            "dropped_stale": self.intake.counts["dropped_stale"],
-            "dropped_no_signal": self.intake.counts["no_signal"],  # ("no_signal": true marks an update without)
-            "no_signal_share": round(self.intake.no_signal_share(), 3),
-            "rejected": dict(self.intake.rejected),
-            "banned": sorted(key_fingerprint(o) for o in self.intake.banned),
-            "per_peer": dict(Counter(key_fingerprint(a.owner) for a in chosen)),
-            **(stats or {"no_signal": True}),
-        }
+        record = VersionRecord(
+            version=s.version if version is None else version,
+            sha256=s.sha if sha is None else sha,
+            parent_sha256=parent,
+            time=time.time(),
+            groups=len(chosen),
+            staleness_mean=sum(taus) / len(taus),
+            staleness_max=max(taus),
+            reward_mean=sum(rewards) / len(rewards),
+            step_seconds=round(seconds, 4),
+            waiting=self.intake.waiting(),
+            dropped_stale=self.intake.counts["dropped_stale"],
+            dropped_no_signal=self.intake.counts["no_signal"],
+            no_signal_share=round(self.intake.no_signal_share(), 3),
+            rejected=dict(self.intake.rejected),
+            banned=sorted(key_fingerprint(o) for o in self.intake.banned),
+            per_peer=dict(Counter(key_fingerprint(a.owner) for a in chosen)),
+            stats=stats,
+        )
         self.history.append(record)
         self.accepted_by.update(a.owner for a in chosen)
         if stats is not None:
             logger.info(
                 "v%d: %d groups (tau mean %.2f max %d), reward %.3f, clip %.3f, ratio %.3f, step %.3fs%s",
-                record["version"],
+                record.version,
                 len(chosen),
-                record["staleness_mean"],
-                record["staleness_max"],
-                record["reward_mean"],
+                record.staleness_mean,
+                record.staleness_max,
+                record.reward_mean,
                 stats["clip_fraction"],
                 stats["ratio_mean"],
                 seconds,
@@ -598,7 +631,7 @@ class LearnerPeer:
             )
         blobs = s.blobs  # what this learner's blob server sent so far (the spread benchmark reads it per version)
         served = {"served_bytes": blobs.served_bytes, "size": s.admitted.adapter_size} if blobs is not None else {}
-        self._ledger(dict(record, ids=[list(a.id) for a in chosen], **served))
+        self._ledger(dict(record.to_json(), ids=[list(a.id) for a in chosen], **served))
         return record
 
     def _ledger(self, line: dict) -> None:
@@ -606,7 +639,7 @@ class LearnerPeer:
             with open(self.config.ledger, "a") as f:
                 f.write(json.dumps(line) + "\n")
 
-    def _metrics(self, record: dict) -> MetricsRecord:
+    def _metrics(self, record: VersionRecord) -> MetricsRecord:
         banned = list(self.intake.banned)[-64:]  # the most recent bans
         return MetricsRecord(
             learner=str(self.session.swarm.peer_id),
@@ -614,14 +647,14 @@ class LearnerPeer:
             groups_accepted=sum(self.accepted_by.values()),  # its own updates' (status sums over learners)
             groups_dropped_stale=self.intake.counts["dropped_stale"],
             groups_rejected=dict(list(self.intake.rejected.items())[:16]),
-            staleness_mean=float(record["staleness_mean"]),
-            staleness_max=int(record["staleness_max"]),
-            reward_mean=min(1.0, max(0.0, float(record["reward_mean"]))),
+            staleness_mean=float(record.staleness_mean),
+            staleness_max=int(record.staleness_max),
+            reward_mean=min(1.0, max(0.0, float(record.reward_mean))),
             exact_match=None,
-            step_seconds=float(record["step_seconds"]),
+            step_seconds=float(record.step_seconds),
             banned=[key_fingerprint(o) for o in banned],
             per_peer=self._tallies(),
-            reward_history=[min(1.0, max(0.0, float(h["reward_mean"]))) for h in self.history[-MAX_HISTORY:]],
+            reward_history=[min(1.0, max(0.0, float(h.reward_mean))) for h in self.history[-MAX_HISTORY:]],
             created=time.time(),
         )
 
@@ -634,28 +667,18 @@ class LearnerPeer:
         }
 
     def _rate(self) -> float:
-        recent = [h for h in self.history if h["time"] > time.time() - 30]
+        recent = [h for h in self.history if h.time > time.time() - 30]
         if len(recent) < 2:
             return 0.0
-        return sum(h["groups"] for h in recent[1:]) / max(1e-6, recent[-1]["time"] - recent[0]["time"])
+        return sum(h.groups for h in recent[1:]) / max(1e-6, recent[-1].time - recent[0].time)
 
     def pad_id(self) -> int:
         t = self.session.tokenizer
         return t.pad_token_id if t.pad_token_id is not None else t.eos_token_id
 
-    def remember(self, version: int, sha: str) -> None:
-        """Keep the window's versions (the model holds ``version`` now); drop older blobs from the cache too."""
-        self.window[version] = (sha, [p.detach().clone() for p in lora_parameters(self.session.model)])
-        self.intake.known[version] = sha
-        oldest = version - self.session.spec.staleness.tau_max - KEEP_ADAPTERS
-        for v in [v for v in self.window if v < oldest]:
-            old_sha, _ = self.window.pop(v)
-            if v > 0 and old_sha not in self._checkpointed:
-                self.session.blobs.cache.remove(old_sha)
-
     def checkpoint(self) -> None:
         s = self.session
-        parent = self.parent_sha
+        parent = self.state.parent
         meta = {
             "run_id": self.config.run_id,
             "version": s.version,
@@ -666,8 +689,8 @@ class LearnerPeer:
             "credit": self.credit.to_json(),
         }
         base_model = base_model_name(s.spec.manifest.model.name)
-        write_checkpoint(self.config.checkpoint_dir, meta, s.blob, self.optimizer.state_dict(), base_model)
-        self._checkpointed = frozenset({s.sha})
+        write_checkpoint(self.config.checkpoint_dir, meta, s.blob, self.state.optimizer.state_dict(), base_model)
+        self.state.checkpointed = frozenset({s.sha})
         logger.info("checkpoint v%d written to %s", s.version, self.config.checkpoint_dir)
 
     def close(self) -> None:
@@ -686,19 +709,17 @@ def _copy_into(params: list[torch.nn.Parameter], values: list[torch.Tensor]) -> 
             p.copy_(v)
 
 
-def run_learner(config: LearnerConfig, on_ready=None) -> dict:
-    """Start a learner, run it until stopped, close it; ``on_ready(peer)`` lets the caller install signals."""
-    peer = LearnerPeer(config)
-    try:
-        peer.start()
-        if on_ready is not None:
-            on_ready(peer)
-        result = None if peer.session.revoked else peer.run()
-        if peer.session.revoked:  # the host revoked this peer's invite: the swarm refuses it from now on
-            raise UserError(peer.session.revoked)
-        return result
-    finally:
-        peer.close()
+def run_learner(config: LearnerConfig, on_ready=None, barrier: bool = False):
+    """Start a learner, run it until stopped, close it (:func:`peer.roles.supervisor.supervise`)."""
+    return supervise(LearnerPeer(config, barrier), on_ready)
 
 
-__all__ = ["LearnerConfig", "LearnerPeer", "batch_tensors", "learn_step", "read_checkpoint", "run_learner"]
+__all__ = [
+    "LearnerConfig",
+    "LearnerPeer",
+    "LearnerSummary",
+    "batch_tensors",
+    "learn_step",
+    "read_checkpoint",
+    "run_learner",
+]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -49,8 +49,18 @@ from peer.model.memory import (
 from peer.model.sampling import Completions, encode_prompts, sample_groups
 from peer.network.swarm import NetworkConfig
 from peer.protocol import Completion, GroupRecord, encode_tokens, key_fingerprint
+from peer.roles.rollout.pacing import (
+    DEMAND_FRESH_FACTOR,
+    DEMAND_FRESH_SLACK,
+    OWN_PER_VERSION,
+    POOL_TARGET,
+    Backlog,
+    Pacer,
+    Pacing,
+)
 from peer.roles.rollout.progress import PROGRESS_EVERY, Counters, OwnCredit, Progress
 from peer.roles.rollout.publisher import MAX_GATHERED_GROUPS, Publisher, Sampled
+from peer.roles.supervisor import supervise
 from peer.run.adapters import REDEMAND_EVERY, AdapterFollower
 from peer.run.session import Session, SessionConfig, default_cache_dir, open_session, settle_process
 from peer.run.spec import RunSpec, prompt_seed, sampling_seed
@@ -83,9 +93,6 @@ class RolloutConfig:
     name: str | None = None  # this peer's --name: in its heartbeat, so status and the credit table show it
     max_upload: float | None = None  # bytes/s its blob server sends at most (--max-upload); None: no limit
     progress_every: float = PROGRESS_EVERY  # s between two progress lines (peer.roles.rollout.progress)
-    # benchmark knobs (docs/benchmarks.md), never needed in a run:
-    batch_seconds: float = 0.0  # each batch lasts at least this long (a slower machine, emulated by a sleep)
-    one_batch_per_version: bool = False  # after a batch, wait for a newer version (a synchronous barrier's peer)
 
     def __post_init__(self):
         if self.batch_size is not None and self.batch_size < 1:
@@ -96,8 +103,6 @@ class RolloutConfig:
             raise ValueError(f"max_memory must be a positive number of bytes, got {self.max_memory!r}")
         if self.max_inflight is not None and self.max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
-        if not self.batch_seconds >= 0.0:
-            raise ValueError(f"batch_seconds must be >= 0, got {self.batch_seconds}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in 0..65535 (0: any free port), got {self.metrics_port}")
 
@@ -177,106 +182,27 @@ def build_groups(
     return groups
 
 
-class _Backlog:
-    """How many groups the bucket of a version holds, counted on a thread (a DHT get) every ``interval`` s once
-    the estimate reaches ``near`` (other peers' groups are unknown until then: the bound is approached, not kept
-    exactly, which is all backpressure needs).
+@dataclass(frozen=True)
+class RolloutSummary:
+    """What :meth:`RolloutPeer.run` did (``hivegrpo join`` prints it; ``--json`` prints :meth:`to_json`)."""
 
-    :meth:`estimate` adds what this peer enqueued since the last count, so the sampler never waits on the DHT.
-    """
+    groups: int  # groups made
+    published: int  # groups stored in the DHT
+    publish_failed: int
+    completions: int
+    tokens: int  # completion tokens sampled
+    seconds: float
+    sample_seconds: float
+    score_seconds: float
+    waited_seconds: float  # paused for the learners (pacing, backpressure)
+    completions_per_second: float
+    adapter_version: int  # the version held at the end
+    versions_used: list[int]  # every adapter version a batch was sampled with
+    batch_size: int
+    peer_id: str
 
-    def __init__(self, store, interval: float, near: int = 0):
-        self.store = store
-        self.interval = interval
-        self.near = near  # counts start once the estimate reaches this many groups
-        self.version = -1
-        self.active = True  # False while the learners' demand paces the peer: no counting then
-        self._counted: tuple[int, int, int] = (-1, 0, 0)  # (version, count, enqueued then)
-        self._enqueued: dict[int, int] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bucket-backlog", daemon=True)
-        self._thread.start()
-
-    def enqueued(self, version: int, n: int) -> None:
-        with self._lock:
-            self._enqueued[version] = self._enqueued.get(version, 0) + n
-
-    def enqueued_in(self, min_version: int, max_version: int) -> int:
-        """Groups this peer handed to its publisher for versions ``min_version..max_version``."""
-        with self._lock:
-            return sum(n for v, n in self._enqueued.items() if min_version <= v <= max_version)
-
-    def estimate(self, version: int) -> int:
-        with self._lock:
-            counted_version, count, then = self._counted
-            now = self._enqueued.get(version, 0)
-        if counted_version != version:
-            return now
-        # the count misses what was enqueued but not yet stored (scoring, the linger, the store itself): this
-        # peer's own groups are a floor, or the peer would sample past the bound while its last batches publish
-        return max(count + now - then, now)
-
-    def count_now(self, version: int) -> None:
-        with self._lock:
-            then = self._enqueued.get(version, 0)
-        count = self.store.count(version, version)
-        with self._lock:
-            self._counted = (version, count, then)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            # a count is a DHT get of the whole bucket: only worth it once the estimate nears the bound
-            if not self.active or self.version < 0 or self.estimate(self.version) < self.near:
-                continue
-            try:
-                self.count_now(self.version)
-            except Exception as e:  # the network boundary: keep the old count, try again
-                logger.warning("could not count the bucket of v%d: %s", self.version, e)
-
-
-DEMAND_FRESH_FACTOR, DEMAND_FRESH_SLACK = 3.0, 1.0  # a demand older than 3 version intervals + 1 s is not followed
-OWN_PER_VERSION = 4  # while paced, at most this many updates' worth of its own groups per version (or --max-inflight)
-POOL_TARGET = 2  # updates' worth of groups the pacing keeps waiting in a learner's pool: one for the next update,
-# one so that a late batch of one producer does not hold it up (the per-peer cap makes it wait for each producer)
-
-
-class Pacer:
-    """This peer's share of what the learners consume (the :class:`~peer.protocol.Demand` in the newest admitted
-    announcement): ``groups_per_second / contributors``, raised while the learner's pool holds fewer than
-    ``target`` groups (it would wait for groups) and lowered while it holds more (they would go stale), within
-    [``LOW``, ``HIGH``] times the share. A batch of ``n`` groups started at ``t`` lets the next start at
-    ``t + n / rate``. Pure arithmetic: the demand comes from the follower, the clock from the caller."""
-
-    GAIN = 0.5  # how hard the pool's distance from the target moves the rate
-    LOW, HIGH = 0.5, 2.0
-
-    def __init__(self, target: int):
-        self.target = max(1, target)
-        self.last: tuple[float, int] | None = None  # (start, groups) of the previous batch
-
-    def rate(self, demand) -> float | None:
-        """Groups per second this peer should make; None: no demand measured (make as many as backpressure lets)."""
-        if demand is None or demand.groups_per_second <= 0:
-            return None
-        share = demand.groups_per_second / max(1, demand.contributors)
-        error = (self.target - demand.waiting) / self.target
-        return share * min(self.HIGH, max(self.LOW, 1.0 + self.GAIN * error))
-
-    def wait(self, demand, now: float) -> float:
-        """Seconds until the next batch may start (0: now)."""
-        rate = self.rate(demand)
-        if rate is None or self.last is None:
-            return 0.0
-        start, n = self.last
-        return max(0.0, start + n / rate - now)
-
-    def started(self, now: float, n: int) -> None:
-        self.last = (now, n)
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 class RolloutPeer:
@@ -284,8 +210,9 @@ class RolloutPeer:
 
     MAX_PAUSE = 15.0  # s of backpressure before one more batch regardless
 
-    def __init__(self, config: RolloutConfig):
+    def __init__(self, config: RolloutConfig, pacing: Pacing | None = None):
         self.config = config
+        self.pacing = pacing or Pacing()
         self._stop = threading.Event()
         self._closers = Closers()
         self.session: Session | None = None
@@ -364,7 +291,7 @@ class RolloutPeer:
         )
         self._closers.add(self.publisher.close)
         self.store = self.publisher.store
-        self.backlog = _Backlog(self.store, c.poll_interval, near=self.max_inflight // 2)
+        self.backlog = Backlog(self.store, c.poll_interval, near=self.max_inflight // 2)
         self.pacer = Pacer(POOL_TARGET * spec.groups_per_version)
         self.own_bound = max(self.max_inflight, OWN_PER_VERSION * spec.groups_per_version)
         self._closers.add(self.backlog.stop)
@@ -517,9 +444,13 @@ class RolloutPeer:
             with open(self.config.ledger, "a") as f:
                 f.write(json.dumps({"time": time.time(), **line}) + "\n")
 
-    def _wait_for_version(self, version: int) -> None:
-        """Benchmark knob ``one_batch_per_version``: wait until a version newer than ``version`` is in (at most
-        ``MAX_PAUSE`` seconds, as backpressure does)."""
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` or until asked to stop (a :class:`Pacing`'s)."""
+        self._stop.wait(seconds)
+
+    def wait_for_newer(self, version: int) -> None:
+        """Wait until a version newer than ``version`` is in (at most ``MAX_PAUSE`` seconds, as backpressure does; a
+        :class:`Pacing`'s)."""
         paused = time.perf_counter()
         while not self._stop.is_set() and self.version <= version:
             if time.perf_counter() - paused >= self.MAX_PAUSE:
@@ -589,7 +520,7 @@ class RolloutPeer:
             producer=producer,
         )
 
-    def run(self, max_seconds: float | None = None) -> dict:
+    def run(self, max_seconds: float | None = None) -> RolloutSummary:
         """Sample, score and publish until stopped, ``max_groups``, or ``max_seconds``; returns what was done
         (counts are totals since :meth:`start`; the groups made are all published when it returns)."""
         c, spec, s = self.config, self.spec, self.spec.sampling
@@ -602,8 +533,7 @@ class RolloutPeer:
                 break
             self._follow()
             self._wait_for_learners()
-            if c.one_batch_per_version and self.stats["batches"]:
-                self._wait_for_version(max(self.versions_used))
+            self.pacing.before_batch(self)
             if self._stop.is_set():
                 break
             n = self.batch_size
@@ -617,9 +547,7 @@ class RolloutPeer:
             self.pacer.started(t0, n)
             sampled = self.sample(examples, seqs, generator)  # one batch, or several after running out of memory
             self.stats["decode_s"] += time.perf_counter() - t0
-            paced = c.batch_seconds - (time.perf_counter() - t0)
-            if paced > 0:  # a slower machine would publish these groups only now
-                self._stop.wait(paced)
+            self.pacing.after_sampling(self, t0)
             self.backlog.enqueued(self.version, n)
             for part, batch in sampled:  # scored on the publisher's thread
                 these = examples[part.start - seqs.start : part.stop - seqs.start]
@@ -654,22 +582,22 @@ class RolloutPeer:
         self.drain_seconds += time.perf_counter() - drain  # the last batch's linger and store: once per run() call
         self.publisher.check()
         seconds = time.perf_counter() - started
-        return {
-            "groups": self.stats["groups"],
-            "published": self.publisher.published,
-            "publish_failed": self.publisher.failed,
-            "completions": self.stats["completions"],
-            "tokens": self.stats["tokens"],
-            "seconds": round(seconds, 3),
-            "sample_seconds": round(self.stats["sample_s"], 3),
-            "score_seconds": round(self.publisher.prepare_seconds, 3),
-            "waited_seconds": round(self.stats["waited_s"], 3),
-            "completions_per_second": round(self.stats["completions"] / seconds, 2) if seconds else 0.0,
-            "adapter_version": self.version,
-            "versions_used": sorted(self.versions_used),
-            "batch_size": self.batch_size,
-            "peer_id": producer,
-        }
+        return RolloutSummary(
+            groups=self.stats["groups"],
+            published=self.publisher.published,
+            publish_failed=self.publisher.failed,
+            completions=self.stats["completions"],
+            tokens=self.stats["tokens"],
+            seconds=round(seconds, 3),
+            sample_seconds=round(self.stats["sample_s"], 3),
+            score_seconds=round(self.publisher.prepare_seconds, 3),
+            waited_seconds=round(self.stats["waited_s"], 3),
+            completions_per_second=round(self.stats["completions"] / seconds, 2) if seconds else 0.0,
+            adapter_version=self.version,
+            versions_used=sorted(self.versions_used),
+            batch_size=self.batch_size,
+            peer_id=producer,
+        )
 
     def close(self) -> None:
         """Stop everything started, newest first (idempotent)."""
@@ -682,25 +610,17 @@ class RolloutPeer:
         self.close()
 
 
-def run_rollout(config: RolloutConfig, on_ready=None) -> dict:
-    """Start a rollout peer, run it until stopped, close it; ``on_ready(peer)`` lets the caller install signals."""
-    peer = RolloutPeer(config)
-    try:
-        peer.start()
-        if on_ready is not None:
-            on_ready(peer)
-        result = None if peer.session.revoked else peer.run()
-        if peer.session.revoked:  # the host revoked this peer's invite: the swarm refuses it from now on
-            raise UserError(peer.session.revoked)
-        return result
-    finally:
-        peer.close()
+def run_rollout(config: RolloutConfig, on_ready=None, pacing: Pacing | None = None):
+    """Start a rollout peer, run it until stopped, close it (:func:`peer.roles.supervisor.supervise`)."""
+    return supervise(RolloutPeer(config, pacing), on_ready)
 
 
 __all__ = [
     "CPU_BATCH_CAP",
     "CUDA_BATCH_CAP",
+    "Pacing",
     "RolloutConfig",
+    "RolloutSummary",
     "RolloutPeer",
     "auto_batch_size",
     "build_groups",

@@ -24,14 +24,13 @@ from peer.network.rpc import ProtocolError
 from peer.protocol import GroupRecord, pack, unpack
 from peer.protocol.limits import MAX_BANNED
 from peer.roles.learner.intake import Accepted
+from peer.roles.learner.record import VersionRecord
 from peer.roles.learner.team import lead as team
 from peer.roles.learner.update import (
     Share,
     apply_gradient,
     batch_tensors,
     combine,
-    optimizer_state_from_wire,
-    optimizer_state_to_wire,
     signal_tokens,
     tensors_from_bytes,
     tensors_to_bytes,
@@ -89,7 +88,7 @@ class Teamwork:
         """What a leader does besides updating: a helper wants the state, its helpers went silent (this leader
         may have been frozen or cut off while one of them took over), another learner may lead too."""
         if self.lead.snapshot_wanted.is_set():
-            self.lead.offer_snapshot(self.snapshot())
+            self.lead.offer_snapshot(self.peer.state.snapshot())
         if time.monotonic() >= self._next_team_check and not self.lead.alone:
             if not self.lead.helpers():
                 self.check_team(self.lead.silent())
@@ -107,16 +106,11 @@ class Teamwork:
         gone = []
         for member in members:
             self._unreachable.pop(member, None)
-            answer = self._probe(member)
+            answer, leader, _ = self._who_leads(member)
             if answer is None:
                 gone.append(member)
                 continue
-            hint = answer.get("leader")
-            if answer.get("leading"):
-                leader = member
-            elif isinstance(hint, str) and hint not in (self.me, member) and (self._probe(hint) or {}).get("leading"):
-                leader = hint
-            else:
+            if leader is None:
                 continue  # alive, and (still) helping this learner: it will ask again
             logger.warning("learner %s leads the team now (this one was cut off or frozen): following it", leader)
             self.counts["deposed"] += 1
@@ -177,30 +171,20 @@ class Teamwork:
         s = self.peer.session
         return signal_tokens(batch_tensors(part, s.version, s.spec, self.peer.pad_id(), torch.device("cpu")))
 
-    def snapshot(self) -> dict:
-        """This learner's whole state, for a helper that is not in its recent lineage (the ``state`` answer)."""
-        s, peer = self.peer.session, self.peer
-        return {
-            "version": s.version,
-            "sha": s.sha,
-            "parent": peer.parent_sha or "",
-            "adapter": s.blob,
-            "optimizer": optimizer_state_to_wire(peer.optimizer),
-            "intake": peer.intake.state(),
-        }
-
-    def stepped(self, chosen: list[Accepted], grads, blob: bytes, parent: str, record: dict, delta: dict) -> None:
-        """Version ``record["version"]`` is made (``delta``: the intake's change): helpers get its step on their next
+    def stepped(
+        self, chosen: list[Accepted], grads, blob: bytes, parent: str, record: VersionRecord, delta: dict
+    ) -> None:
+        """Version ``record.version`` is made (``delta``: the intake's change): helpers get its step on their next
         request."""
         self.lead.advance(
             {
-                "version": record["version"],
+                "version": record.version,
                 "parent": parent,
-                "sha": record["sha256"],
+                "sha": record.sha256,
                 "size": len(blob),
                 "grads": tensors_to_bytes(grads),
                 "intake": delta,
-                "record": dict(record, ids=[list(a.id) for a in chosen]),
+                "record": dict(record.to_json(), ids=[list(a.id) for a in chosen]),
             }
         )
 
@@ -220,15 +204,11 @@ class Teamwork:
             others.discard(self.me)
             best: tuple[int, str] | None = None
             for peer in sorted(others):
-                answer = self._probe(peer)
-                if answer is None:
+                _, leader, said = self._who_leads(peer)
+                if leader is None or not isinstance(said.get("version"), int):
                     continue
-                hint = answer.get("leader")
-                if not answer.get("leading") and isinstance(hint, str) and hint != self.me:
-                    peer, answer = hint, self._probe(hint)
-                leads = answer and answer.get("leading") and isinstance(answer.get("version"), int)
-                if leads and (best is None or team.wins((answer["version"], peer), best)):
-                    best = (answer["version"], peer)
+                if best is None or team.wins((said["version"], leader), best):
+                    best = (said["version"], leader)
             if best is not None:
                 if s.version > best[0]:  # a strictly newer version (a checkpoint); the same one is the leader's
                     return None  # this learner holds a newer version (a checkpoint): it leads, the other follows it
@@ -237,6 +217,22 @@ class Teamwork:
                 self.peer.stop_event.wait(1.0)
                 self._unreachable.clear()  # a first dial can fail before this peer knows the other's addresses
         return None
+
+    def _who_leads(self, member: str, *not_these: str) -> tuple[dict | None, str | None, dict | None]:
+        """Ask ``member`` who leads: its answer (None: gone), the learner that leads by its word (``member`` itself,
+        or the leader it names once that one confirms; never this learner or one of ``not_these``; None: nobody it
+        knows), and that leader's own answer."""
+        answer = self._probe(member)
+        if answer is None:
+            return None, None, None
+        if answer.get("leading"):
+            return answer, member, answer
+        hint = answer.get("leader")
+        if isinstance(hint, str) and hint not in (self.me, member, *not_these):
+            confirmed = self._probe(hint)
+            if confirmed is not None and confirmed.get("leading"):
+                return answer, hint, confirmed
+        return answer, None, None
 
     def _probe(self, peer: str) -> dict | None:
         """``peer``'s answer to a probe; None if it is not an admitted learner (a stranger's answer, e.g. "leading",
@@ -255,7 +251,7 @@ class Teamwork:
         self.lead.lead(s.version, s.sha)
         self.leader, self.members, self._synced = None, [self.me], True
         self.leader_bans.clear()  # the last leader's decisions: this learner's intake judges for itself now
-        self.peer.bans_recorded = len(self.peer.intake.banned)
+        self.peer.state.bans_recorded = len(self.peer.intake.banned)
         self._next_rival_check = time.monotonic() + RIVAL_CHECK_EVERY
         if self.counts["led"] or self.counts["followed"]:  # a takeover: what the last leader counted, by maximum
             self.peer.merge_credit()  # (at start, the learner merged before its intake counted anything)
@@ -330,15 +326,11 @@ class Teamwork:
             deadline = time.monotonic() + TAKEOVER_WAIT
             while time.monotonic() < deadline and not self.peer.stop_event.is_set():
                 self._unreachable.pop(member, None)
-                answer = self._probe(member)
+                answer, leader, _ = self._who_leads(member, gone)
                 if answer is None:
                     break  # gone too: the next one
-                if answer.get("leading"):
-                    self.follow(member, same_team=True)
-                    return
-                hint = answer.get("leader")
-                if isinstance(hint, str) and hint not in (gone, self.me, member) and self._probe(hint):
-                    self.follow(hint, same_team=True)
+                if leader is not None:
+                    self.follow(leader, same_team=True)
                     return
                 self.peer.stop_event.wait(0.5)  # alive, not leading yet: it has not noticed
         self.take_lead(why)
@@ -347,40 +339,20 @@ class Teamwork:
         """Take the leader's whole state (this learner was not in its recent lineage); ``state`` fits the schema
         (:class:`~peer.roles.learner.team.messages.State`). Its used seqs are kept, its bans only reported (module
         docstring of :mod:`peer.roles.learner.team.lead`, Trust)."""
-        s = self.peer.session
-        version, sha, blob = state["version"], state["sha"], state["adapter"]
-        try:
-            optimizer_state = optimizer_state_from_wire(self.peer.optimizer, state["optimizer"])
-        except ValueError as e:  # shapes, dtypes or values that do not fit: refuse it, ask again
-            self._synced = False
-            logger.warning("the leader's AdamW state does not fit this learner (%s); asking again", e)
-            return
-        if version < s.version and not self._deposed:  # a newer version here (a checkpoint): it leads, the other
-            self.take_lead(f"v{s.version} is newer than the leader's v{version}")  # will follow it
+        version = state["version"]
+        if version < self.peer.session.version and not self._deposed:  # a newer version here (a checkpoint): it
+            self.take_lead(f"v{self.peer.session.version} is newer than the leader's v{version}")  # leads
             return
         try:
-            s.swap(version, sha, blob)  # checks the blob before it changes anything
-            self.peer.optimizer.load_state_dict(optimizer_state)
+            self.peer.adopt(state)  # checks the adapter and the AdamW state before it changes anything
         except (ValueError, KeyError, RuntimeError) as e:  # AdapterError is a ValueError
             self._synced = False
             logger.warning("the leader's state does not fit this learner (%s); asking again", e)
             return
         self._synced, self._deposed = True, False
-        self.peer.intake.pool.clear()
-        self.peer.intake.pending_checks()
-        self.peer.intake.known.clear()
-        self.peer.intake.restore({"used": state["intake"]["used"]})
         self._report_bans(state["intake"]["banned"])
-        self.peer.window.clear()
-        self.peer.remember(version, sha)
-        self.peer.parent_sha = state["parent"]
-        self.peer.announcer.submit(version, blob, self.peer.parent_sha, None)
-        self.peer.bans_recorded = len(self.peer.intake.banned)
-        if self.peer.config.checkpoint_dir:  # the journal cannot chain a state taken whole: checkpoint it
-            self.peer.checkpoint()
         self.counts["states"] += 1
         logger.info("took the leading learner's state at v%d", version)
-        self.peer.beat()
 
     def _report_bans(self, banned: dict[str, str]) -> None:
         """Keep the leader's bans as reports (the most recent MAX_BANNED), not as this learner's own."""
@@ -399,11 +371,12 @@ class Teamwork:
         t0 = time.perf_counter()
         try:
             grads = tensors_from_bytes(step["grads"], lora_parameters(s.model))
+            record = VersionRecord.from_json(step["record"])
         except ValueError as e:
             self._synced = False  # the next request asks for the whole state instead
             logger.warning("the leader's step v%d is unreadable (%s); asking for its state", step["version"], e)
             return
-        apply_gradient(s.model, self.peer.optimizer, grads, None)
+        apply_gradient(s.model, self.peer.state.optimizer, grads, None)
         blob = adapter_to_bytes(s.model)
         sha = sha256_hex(blob)
         if sha != step["sha"]:  # a different torch build rounds differently: take the leader's adapter as it is
@@ -427,8 +400,8 @@ class Teamwork:
         self.peer.intake.restore(delta)
         self._report_bans(step["intake"]["banned"])
         self.counts["steps"] += 1
-        record = dict(step["record"], applied_seconds=round(time.perf_counter() - t0, 4))
-        self.peer.advance(step["parent"], sha, blob, record, None, delta)
+        line = dict(step["record"], applied_seconds=round(time.perf_counter() - t0, 4))
+        self.peer.advance(step["parent"], sha, blob, record, None, delta, ledger_line=line)
 
     def _do_task(self, task: dict) -> None:
         """Compute the gradient of the leader's share for this learner and send it back."""
@@ -455,7 +428,7 @@ class Teamwork:
         s = self.peer.session
         from peer.network.heartbeat import live_peers
 
-        mine = {v: sha for v, (sha, _) in self.peer.window.items()}
+        mine = {v: sha for v, (sha, _) in self.peer.state.window.items()}
         helpers = set(self.lead.helpers())
         alive = {p.record.peer_id for p in live_peers(s.swarm, "learner")}  # a dead one's announcement lingers
         for _, r in announcements(s.swarm, s.admitted):
