@@ -45,8 +45,8 @@ def reap_children():
 
 @pytest.fixture
 def procs(tmp_path):
-    """Start peers as real processes (:class:`tests.swarm_helpers.Procs`); all stopped by PID at the end."""
-    from tests.swarm_helpers import Procs
+    """Start peers as real processes (:class:`tests.helpers.swarm.Procs`); all stopped by PID at the end."""
+    from tests.helpers.swarm import Procs
 
     procs = Procs(tmp_path)
     try:

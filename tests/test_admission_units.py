@@ -12,7 +12,7 @@ from peer.network import admission
 from peer.network.admission import Admitted, CredentialError
 from peer.protocol import AdapterRecord, LearnerRecord, adapter_key, learners_key, owner_subkey, to_dht_value
 from peer.run.adapters import announcements, newest_announcement
-from tests.dict_swarm import DictSwarm, public, run_keys
+from tests.helpers.dict_swarm import DictSwarm, public, run_keys
 
 RUN = "adm"
 SHA = [f"{i:064x}" for i in range(1, 20)]
@@ -150,11 +150,12 @@ def test_a_learner_admitted_after_the_last_read_is_found_and_reads_stay_rate_lim
 
 
 def test_a_learner_record_fits_the_dht_and_its_schema(keys):
-    from peer.protocol import MAX_DHT_VALUE_BYTES
+    from peer.protocol import MAX_DHT_VALUE_BYTES, from_dht_value, pack
 
     credential = admission.issue_credential(keys.host, RUN, "x" * admission.MAX_NAME)
     record = admission.learner_record(credential, _Swarm(keys.learner, "Qm" + "z" * 50))
-    assert isinstance(record, LearnerRecord) and len(to_dht_value(record)) < MAX_DHT_VALUE_BYTES // 16
+    assert len(pack(record)) < MAX_DHT_VALUE_BYTES // 16, "the longest name and peer id: a small record"
+    assert from_dht_value(LearnerRecord, to_dht_value(record)) == record
     with pytest.raises(ValueError):
         LearnerRecord(peer_id="QmX", certificate=b"", binding=b"\0" * 64, created=0.0)
 

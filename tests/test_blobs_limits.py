@@ -9,35 +9,13 @@ import time
 import msgpack
 import pytest
 
-from peer.network.blobs import fetch as blobs_fetch
 from peer.network.blobs import PROTOCOL, BlobCache, BlobServer, BlobUnavailable, drip, fetch_blob
+from peer.network.blobs import fetch as blobs_fetch
 from peer.network.blobs.wire import BlobRequest
+from tests.helpers.p2p import with_peers
+from tests.helpers.waiting import wait_until_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-P2P_KW = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False, use_auto_relay=False)
-
-
-async def wait_until(condition, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        await asyncio.sleep(0.05)
-
-
-async def with_peers(n_clients: int, scenario) -> None:
-    """Run ``scenario(server_p2p, clients)`` with ``n_clients`` daemons joined to the server's; shut all down."""
-    from hivemind.p2p import P2P
-
-    server_p2p = await P2P.create(**P2P_KW)
-    clients = []
-    try:
-        for _ in range(n_clients):
-            clients.append(await P2P.create(initial_peers=await server_p2p.get_visible_maddrs(), **P2P_KW))
-        await scenario(server_p2p, clients)
-    finally:
-        for p2p in [*clients, server_p2p]:
-            await p2p.shutdown()
 
 
 async def open_streams(client, server_p2p, n: int) -> list:
@@ -73,20 +51,20 @@ def test_streams_waiting_for_their_request_are_capped_and_dropped_at_the_request
             try:
                 opened = time.monotonic()
                 writers += await open_streams(stranger, server_p2p, 4)
-                await wait_until(lambda: server.stats.requests == 4, "the server saw the stranger's 4 streams")
+                await wait_until_async(lambda: server.stats.requests == 4, "the server saw the stranger's 4 streams")
                 assert (server.waiting, server.stats.crowded, server.serving) == (3, 1, 0)
                 assert (await fetch("a")).read_bytes() == data, "3 silent streams must not keep a peer out"
                 # the honest stream lingers briefly after its transfer, held without a slot like the silent ones
-                await wait_until(lambda: server.waiting == 3, "the honest stream's linger ended")
+                await wait_until_async(lambda: server.waiting == 3, "the honest stream's linger ended")
                 writers += await open_streams(sybil, server_p2p, 3)
-                await wait_until(lambda: server.stats.requests == 8, "the server saw the sybil's 3 streams")
+                await wait_until_async(lambda: server.stats.requests == 8, "the server saw the sybil's 3 streams")
                 assert (server.waiting, server.stats.crowded) == (5, 2)
                 with pytest.raises(BlobUnavailable, match="dropped the stream after 0 bytes"):
                     await fetch("b")  # the cap in all: closed at once, unanswered
                 assert server.stats.crowded == 3
-                await wait_until(lambda: server.stats.header_timeout == 5, "the 5 silent streams timed out", 12)
+                await wait_until_async(lambda: server.stats.header_timeout == 5, "the 5 silent streams timed out", 12)
                 assert time.monotonic() - opened >= 4.0
-                await wait_until(lambda: server.waiting == 0, "no stream held any more")
+                await wait_until_async(lambda: server.waiting == 0, "no stream held any more")
                 assert (await fetch("c")).read_bytes() == data
             finally:
                 close_all(writers)
@@ -128,12 +106,12 @@ def test_an_unauthorized_request_never_takes_a_serving_slot(tmp_path):
                 for writer in writers:  # all of a request but its last byte: the server waits for the rest
                     writer.write(frame[:-1])
                     await writer.drain()
-                await wait_until(lambda: server.stats.requests == 2, "the server saw the stranger's streams")
+                await wait_until_async(lambda: server.stats.requests == 2, "the server saw the stranger's streams")
                 assert (await fetch("a")).read_bytes() == data, "a slot was held by a request not read yet"
                 for writer in writers:  # now whole: refused, and the stranger neither reads nor closes
                     writer.write(frame[-1:])
                     await writer.drain()
-                await wait_until(lambda: server.stats.unauthorized == 2, "the stranger's requests were refused")
+                await wait_until_async(lambda: server.stats.unauthorized == 2, "the stranger's requests were refused")
                 assert server.waiting == 2, "the refused streams should still be open (lingering)"
                 assert (await fetch("b")).read_bytes() == data, "a slot was held by an unauthorized request"
             finally:
@@ -161,12 +139,12 @@ def test_one_peer_gets_at_most_its_share_of_the_slots_and_each_refusal_is_counte
 
         async with server:
             reads = [read(first) for _ in range(3)]
-            await wait_until(lambda: (server.serving, server.stats.peer_limit) == (2, 1), "2 served, 1 refused")
+            await wait_until_async(lambda: (server.serving, server.stats.peer_limit) == (2, 1), "2 served, 1 refused")
             reads += [read(second) for _ in range(2)]
-            await wait_until(lambda: (server.serving, server.stats.busy) == (3, 1), "3 served, 1 busy")
+            await wait_until_async(lambda: (server.serving, server.stats.busy) == (3, 1), "3 served, 1 busy")
             outcomes = await asyncio.gather(*reads, return_exceptions=True)
             # a stream is let go once its client closed it too (the server lingers for that, briefly)
-            await wait_until(lambda: (server.serving, server.waiting) == (0, 0), "every stream let go")
+            await wait_until_async(lambda: (server.serving, server.waiting) == (0, 0), "every stream let go")
         served = [o for o in outcomes if isinstance(o, bytes)]
         refused = [str(o) for o in outcomes if isinstance(o, ProviderFailed)]
         assert len(served) == 3 and len(refused) == 2, outcomes
@@ -205,7 +183,7 @@ def test_a_reader_slower_than_min_rate_is_dropped_at_the_transfer_deadline(tmp_p
             assert server.stats.too_slow == 1, f"still serving after {took:.1f} s ({received} bytes read)"
             assert deadline - 0.5 <= took <= deadline + 2, f"dropped after {took:.1f} s, deadline {deadline:.1f} s"
             assert received < size
-            await wait_until(lambda: server.serving == 0 and server.waiting == 0, "the slot given back")
+            await wait_until_async(lambda: server.serving == 0 and server.waiting == 0, "the slot given back")
         assert (server.stats.served, server.stats.failed) == (0, 0), server.stats
 
     asyncio.run(with_peers(1, scenario))
@@ -254,8 +232,8 @@ def test_a_client_that_stops_reading_is_dropped_after_timeout(tmp_path):
             try:
                 writer.write(_request_frame(BlobRequest(sha)))
                 await writer.drain()
-                await wait_until(lambda: server.stats.failed == 1, "the stalled stream dropped", 15)
-                await wait_until(lambda: server.serving == 0 and server.waiting == 0, "the slot given back")
+                await wait_until_async(lambda: server.stats.failed == 1, "the stalled stream dropped", 15)
+                await wait_until_async(lambda: server.serving == 0 and server.waiting == 0, "the slot given back")
             finally:
                 writer.close()
         assert (server.stats.served, server.stats.too_slow) == (0, 0)

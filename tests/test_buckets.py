@@ -1,28 +1,12 @@
 """Bucket logic on the in-memory backend (the DHT backend is exercised by tests/test_swarm.py)."""
 
-import hashlib
-import time
 from types import SimpleNamespace
 
 from peer.network.buckets import DHTBucketStore, MemoryBucketStore, ids
-from peer.protocol import BUCKET_RING, Completion, GroupRecord, encode_tokens
+from peer.protocol import BUCKET_RING
+from tests.helpers.records import make_group
 
 PID = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
-
-
-def group(version: int, seq: int) -> GroupRecord:
-    return GroupRecord(
-        version=version,
-        adapter_sha256=hashlib.sha256(b"%d" % version).hexdigest(),
-        producer=PID,
-        seq=seq,
-        task_seed=0,
-        task_index=seq,
-        prompt_ids=encode_tokens([1, 2, 3]),
-        completions=[Completion.of([4, 2], [-0.5, -0.1]) for _ in range(4)],
-        rewards=[0.0, 1.0, 0.0, 1.0],
-        created=time.time(),
-    )
 
 
 def test_each_peer_sees_every_peers_groups_in_the_version_range_once():
@@ -30,8 +14,8 @@ def test_each_peer_sees_every_peers_groups_in_the_version_range_once():
     a = MemoryBucketStore(b"ssh-rsa A", shared, clock=lambda: now[0])
     b = MemoryBucketStore(b"ssh-rsa B", shared, clock=lambda: now[0])
     for v in range(4):
-        a.publish(group(v, 0))
-        b.publish(group(v, 1))
+        a.publish(make_group(version=v, seq=0))
+        b.publish(make_group(version=v, seq=1))
     got = b.fetch(1, 2)
     assert sorted((f.owner, f.version, f.seq) for f in got) == [
         (b"ssh-rsa A", 1, 0),
@@ -41,7 +25,7 @@ def test_each_peer_sees_every_peers_groups_in_the_version_range_once():
     ]
     assert all(f.group is not None and f.error is None for f in got)
     assert b.fetch(1, 2, seen=ids(got)) == []  # nothing twice
-    a.publish(group(2, 5))
+    a.publish(make_group(version=2, seq=5))
     assert [(f.owner, f.version, f.seq) for f in b.fetch(1, 2, seen=ids(got))] == [(b"ssh-rsa A", 2, 5)]
     now[0] += a.expiration + 1
     assert a.fetch(0, 3) == []  # entries expire by themselves
@@ -49,15 +33,15 @@ def test_each_peer_sees_every_peers_groups_in_the_version_range_once():
 
 def test_version_ranges_are_bounded_by_the_ring_and_empty_when_inverted():
     store = MemoryBucketStore(b"ssh-rsa A")
-    store.publish(group(0, 0))
-    store.publish(group(BUCKET_RING + 5, 0))
+    store.publish(make_group(version=0, seq=0))
+    store.publish(make_group(version=BUCKET_RING + 5, seq=0))
     assert [f.version for f in store.fetch(0, BUCKET_RING + 5)] == [BUCKET_RING + 5]  # older than a ring: not read
     assert store.fetch(3, 2) == [] and store.fetch(-5, -1) == []
 
 
 def test_a_corrupt_entry_is_reported_not_raised():
     store = MemoryBucketStore(b"ssh-rsa A")
-    store.publish(group(1, 0))
+    store.publish(make_group(version=1, seq=0))
     expires, data = store.entries[(b"ssh-rsa A", 1, 0)]
     store.entries[(b"ssh-rsa A", 1, 0)] = (expires, data[:-7])
     store.entries[(b"ssh-rsa A", 1, 9)] = (expires, data)  # says seq 0 inside, 9 outside
@@ -120,7 +104,7 @@ def test_a_writer_pushes_its_entries_to_the_peers_push_to_names_on_narrow_stores
             stored.append((narrow, also)) or [True] * len(items)
         ),
     )
-    DHTBucketStore(swarm, push_to=lambda: ("QmLearner",)).publish(group(2, 0))
-    DHTBucketStore(swarm, narrow=False, push_to=lambda: ("QmLearner",)).publish(group(2, 1))
-    DHTBucketStore(swarm).publish(group(2, 2))
+    DHTBucketStore(swarm, push_to=lambda: ("QmLearner",)).publish(make_group(version=2, seq=0))
+    DHTBucketStore(swarm, narrow=False, push_to=lambda: ("QmLearner",)).publish(make_group(version=2, seq=1))
+    DHTBucketStore(swarm).publish(make_group(version=2, seq=2))
     assert stored == [(True, ("QmLearner",)), (False, ()), (True, ())]

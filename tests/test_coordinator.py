@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import LOOPBACK, fingerprint, join_args, learn_args, start_host, status, wait_until
+from tests.helpers.swarm import LOOPBACK, fingerprint, join_args, learn_args, start_host, status
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import fingerprint, join_args, learn_args, model_copy, read_ledger, start_host, wait_until
+from tests.helpers.swarm import fingerprint, join_args, learn_args, model_copy, read_ledger, start_host
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

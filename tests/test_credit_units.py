@@ -31,7 +31,7 @@ from peer.roles.learner.checkpoint import restore_credit as restore
 from peer.roles.rollout.progress import Counters, OwnCredit, Progress, progress_line
 from peer.run.credit import CreditTable, admitted_credits, contributor_rows, merge_admitted, merged
 from peer.status import render, summarize
-from tests.dict_swarm import DictSwarm, public, run_keys
+from tests.helpers.dict_swarm import DictSwarm, public, run_keys
 
 RUN = "credit-u"
 FP = [f"{i:016x}" for i in range(1, 400)]
@@ -108,7 +108,8 @@ def test_names_come_from_heartbeats_and_only_printable_ones_are_kept():
 
 
 def test_the_intake_counts_what_happened_to_each_signers_groups():
-    from tests.intake_helpers import A, M, changed, fetched, new_intake, sample_run
+    from tests.helpers.intake import A, M, fetched, new_intake, sample_run
+    from tests.helpers.records import changed
 
     run = sample_run({A: 7, M: 2})
     intake = new_intake(run, batch=1)  # its pool keeps batch x (tau_max + 1) = 5 groups of a signer
@@ -296,7 +297,7 @@ def test_a_strangers_credit_record_is_ignored_and_named_an_admitted_learners_is_
 
 def test_status_shows_the_admitted_learners_credit_by_name_and_names_the_stranger(keys):
     from peer.protocol import PeerRecord
-    from tests.test_status_units import NOW, manifest
+    from tests.helpers.status import NOW, status_manifest
 
     learner = _Swarm(keys.learner, "QmLearner")
     learner.run_id = "run-s"  # the status units' run
@@ -323,7 +324,7 @@ def test_status_shows_the_admitted_learners_credit_by_name_and_names_the_strange
         [(alice, beat)],
         [],
         [],
-        [(_pub(keys.host), manifest())],
+        [(_pub(keys.host), status_manifest())],
         now=NOW,
         learners=[(_pub(keys.learner), admitted_record)],
         credits=[(_pub(keys.learner), ours), (_pub(keys.stranger), forged)],

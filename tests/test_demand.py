@@ -1,19 +1,16 @@
 """The learner's demand in its adapter announcements (protocol 4): the record, its bounds, the run's DHT validator,
 and which announcement's demand a follower reads."""
 
-import dataclasses
 import math
 from types import SimpleNamespace
 
 import msgpack
 import pydantic.v1 as pydantic
 import pytest
-from hivemind.dht.protocol import DHTProtocol
-from hivemind.dht.routing import DHTID
-from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.serializer import MSGPackSerializer
 
+from peer.network.blobs.cache import BlobCache
 from peer.protocol import (
     PROTOCOL_VERSION,
     AdapterRecord,
@@ -25,8 +22,9 @@ from peer.protocol import (
     to_dht_value,
 )
 from peer.protocol.limits import MAX_ANCESTORS, MAX_DHT_VALUE_BYTES, MAX_INT, MAX_PEER_ID_CHARS, MAX_PROVIDERS
-from peer.protocol.validators import make_validators
-from peer.run.adapters import AdapterFollower, Announcement, newest_announcement
+from peer.run.adapters import AdapterFollower, Announcement, announce_adapter, newest_announcement
+from tests.helpers.dict_swarm import DictSwarm
+from tests.helpers.signing import composite, record, signed
 
 PEER_A = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
 PEER_B = "12D3KooWBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"
@@ -57,9 +55,14 @@ def adapter(demand=None, **fields) -> AdapterRecord:
 # ---------------------------------------------------------------------------------------------------- the record
 
 
-def test_protocol_4_carries_the_demand():
-    assert PROTOCOL_VERSION >= 4 and adapter().protocol_version == PROTOCOL_VERSION  # 4 added it; 5 kept it
-    assert adapter().demand is None, "not yet measured"
+def test_a_learner_that_has_not_measured_its_demand_announces_none(tmp_path):
+    """Protocol 4 added the demand; an announcement made before the learner measured one says so (None)."""
+    swarm = DictSwarm(KEY, RUN, peer_id=PEER_A)
+    made = announce_adapter(swarm, SimpleNamespace(cache=BlobCache(tmp_path)), 1, b"adapter v1", SHA_Y)
+    [stored] = swarm.records[adapter_key(RUN)].values()
+    read = from_dht_value(AdapterRecord, stored)
+    assert read == made and read.demand is None, "not yet measured"
+    assert read.protocol_version == PROTOCOL_VERSION >= 4
 
 
 @pytest.mark.parametrize("demand", [None, DEMAND, Demand(groups_per_second=0.0, waiting=0, contributors=0)])
@@ -132,19 +135,8 @@ def test_an_announcement_of_the_previous_protocol_is_refused():
         from_dht_value(AdapterRecord, value)
 
 
-def record(key: str, subkey, value, expiration: float = 1e10) -> DHTRecord:
-    """The record hivemind builds for ``DHT.store(key, value, expiration, subkey=subkey)``, before signing (as in
-    tests/test_protocol_validators.py)."""
-    subkey_bytes = DHTProtocol.IS_REGULAR_VALUE if subkey is None else MSGPackSerializer.dumps(subkey)
-    return DHTRecord(DHTID.generate(source=key).to_bytes(), subkey_bytes, MSGPackSerializer.dumps(value), expiration)
-
-
-def signed(validator: CompositeValidator, rec: DHTRecord) -> DHTRecord:
-    return dataclasses.replace(rec, value=validator.sign_value(rec))
-
-
 def test_the_runs_dht_validator_takes_a_good_demand_and_refuses_a_bad_one():
-    validator = CompositeValidator(make_validators(RUN, KEY))
+    validator = composite(KEY, RUN)
 
     def stored(value) -> bool:
         return validator.validate(signed(validator, record(adapter_key(RUN), owner_subkey(PUB), value)))

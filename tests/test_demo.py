@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers.waiting import wait_until
+
 pytestmark = pytest.mark.integration
 
 
@@ -25,7 +27,7 @@ def _run_watching_tree(argv: list[str], logs: Path, timeout: float) -> tuple[int
         proc = subprocess.Popen(argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env)
     deadline = time.time() + timeout
     try:
-        while proc.poll() is None and time.time() < deadline:
+        while proc.poll() is None and time.time() < deadline:  # a census every 0.5 s while it runs
             with contextlib.suppress(psutil.NoSuchProcess):
                 seen.update(p.pid for p in psutil.Process(proc.pid).children(recursive=True))
             time.sleep(0.5)
@@ -59,8 +61,7 @@ def test_demo_runs_a_local_swarm_reports_it_and_saves_an_adapter_that_evaluates_
 
     # the whole swarm was real processes: host, learner, two rollout peers (each with its DHT), and all are gone
     assert len(tree) >= 8, tree
-    time.sleep(2)
-    assert _still_running(tree) == []
+    wait_until(lambda: _still_running(tree) == [], "every process of the demo's tree to exit", 10)
 
     assert summary["stopped_by"] == "time limit"
     assert 55 <= summary["seconds"] < 55 + 60

@@ -15,6 +15,7 @@ from peer.model.config import LoRAConfig
 from peer.model.peft_folder import blob_from_tensors
 from peer.roles.learner.checkpoint import JOURNAL, append_journal, journal_chain, write_checkpoint
 from peer.roles.learner.team import lead as team
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,25 +83,21 @@ def announcer(monkeypatch):
     a.close()
 
 
-def _until(predicate, seconds=5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def test_a_gated_version_is_announced_only_once_its_gate_opens(announcer):
-    held = threading.Event()
-    announcer.submit(5, b"blob", sha("v4"), None, gate=held.is_set)
-    time.sleep(0.2)
-    assert announcer.announced_versions == [] and announcer.blocked_for() > 0.1
+    held, looks = threading.Event(), []
+
+    def gate() -> bool:
+        looks.append(held.is_set())
+        return looks[-1]
+
+    announcer.submit(5, b"blob", sha("v4"), None, gate=gate)
+    wait_until(lambda: len(looks) >= 5, "the announcer looking at the closed gate again and again", 5, interval=0.01)
+    assert announcer.announced_versions == [] and announcer.blocked_for() > 0
     held.set()
-    assert _until(lambda: announcer.announced_versions == [5])
+    wait_until(lambda: announcer.announced_versions == [5], "v5 announced once its gate opened", 5, interval=0.01)
     assert announcer.blocked_for() == 0.0
     announcer.submit(6, b"blob", sha("v5"), None)  # no gate: at once
-    assert _until(lambda: announcer.announced_versions == [5, 6])
+    wait_until(lambda: announcer.announced_versions == [5, 6], "v6 announced", 5, interval=0.01)
 
 
 def test_a_newer_version_replaces_a_gated_one_and_a_flush_drops_a_gate_that_stays_closed(announcer):

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import fingerprint, join_args, learn_args, read_ledger, start_host, wait_until
+from peer.network.heartbeat import HEARTBEAT_INTERVAL
+from tests.helpers.swarm import exit_summary, fingerprint, join_args, learn_args, read_ledger, start_host
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -70,11 +72,6 @@ class Watch:
                         self.leading[r.peer_id] = r.stats.get("leading") == 1.0
             except Exception:  # the network boundary of an observer: count it, look again
                 self.errors += 1
-
-
-def _summary(proc) -> dict:
-    out, _ = proc.communicate(timeout=90)
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def _lineage(ledgers: list[list[dict]], head: str) -> list[dict]:
@@ -147,7 +144,7 @@ class Run:
         """SIGTERM these peers, then the host; their ``--json`` summaries (each must exit 0)."""
         for label in labels:
             self.peers[label].send_signal(signal.SIGTERM)
-        summaries = {label: _summary(self.peers[label]) for label in labels}
+        summaries = {label: exit_summary(self.peers[label]) for label in labels}
         self.host.send_signal(signal.SIGTERM)
         self.host.communicate(timeout=90)
         self.watch.stop()
@@ -203,10 +200,16 @@ def test_a_swarm_goes_on_through_dead_and_frozen_peers_and_loses_no_version(tmp_
     procs.kill_group(peers.pop("r1"))
     run.advance(3, "after a rollout peer died")
 
-    # a rollout peer hangs, then comes back: its groups are used again
+    # a rollout peer hangs (long enough to miss a heartbeat), then comes back: its groups are used again
+    r2 = run.peer_id("r2")
     procs.freeze(peers["r2"])
     run.advance(2, "while a rollout peer is frozen")
-    time.sleep(12.0)
+    wait_until(
+        lambda: time.time() - watch.last_seen.get(r2, 0.0) > HEARTBEAT_INTERVAL + 2,
+        "the frozen rollout peer to miss a heartbeat",
+        60,
+        run.alive(),
+    )
     procs.thaw(peers["r2"])
     thawed_at = run.made()
 
@@ -247,10 +250,13 @@ def test_a_swarm_goes_on_through_dead_and_frozen_peers_and_loses_no_version(tmp_
     for name in ("a", "b"):
         procs.kill_group(peers.pop(name))
     rollout_ids = [run.peer_id(name) for name in ("r2", "r3")]
-    before = {p: watch.last_seen.get(p, 0.0) for p in rollout_ids}
-    time.sleep(12.0)
-    assert all(peers[name].poll() is None for name in ("r2", "r3")), "a rollout peer exited without its learners"
-    assert any(watch.last_seen.get(p, 0.0) > before[p] for p in rollout_ids), "rollout peers went silent"
+    killed_at = time.time()
+    wait_until(  # each rollout peer lives on and heartbeats a full interval after its learners died
+        lambda: all(watch.last_seen.get(p, 0.0) > killed_at + HEARTBEAT_INTERVAL for p in rollout_ids),
+        "a heartbeat from each rollout peer a heartbeat interval after both learners died",
+        60,
+        [peers["r2"], peers["r3"]],
+    )
     t0 = time.monotonic()
     run.learner("a", "a2")  # the same identity, cache and checkpoint directory as "a"
     run.advance(3, "from the restarted learner", 180)

@@ -11,7 +11,7 @@ What is generated, and what must happen (counts of the default run; the lower bo
   and ``unpack``. Each is then broken every way, and every broken record is refused (``validate`` returns False and
   never raises; the value mutations are refused by ``from_dht_value`` too): a missing or extra field, a wrong type,
   a non-finite number, another protocol version, a value over the DHT size limit, each out-of-range rule of its type
-  (``record_strategies.KINDS``: bad hashes and peer ids, lengths and counts past their bounds, cross-field rules),
+  (``strategies.KINDS``: bad hashes and peer ids, lengths and counts past their bounds, cross-field rules),
   another run key, an unknown key, no subkey, a malformed subkey, the subkey of another owner, a forged, missing,
   spliced or doubled signature, a tampered value or expiration. About 9,500 records, 300 of them valid.
 * **Junk** under every run key — any msgpack-able value, raw bytes, maps shaped like the key's record with junk
@@ -20,13 +20,12 @@ What is generated, and what must happen (counts of the default run; the lower bo
   values and junk bytes (1,200 records); valid records with one part replaced by junk or by the same part of
   another valid record: reader and validator give the same answer, and what is accepted reads back exactly (400).
 * **Intake** (``peer.roles.learner.intake.Intake`` on groups really sampled from the bundled model): honest groups of
-two
-  signers are admitted; one lie of a third signer among them (a changed reward, a token outside the vocabulary,
-  the prompt of another seq, seed, example or signer, the wrong number of completions, a completion over
-  ``max_new_tokens``, an unknown or future adapter version, another lineage's sha256, a replayed seq, a duplicate,
-  an unreadable entry) is refused with its reason and banned or forgiven as intake.py documents, and the honest
-  signers' state (pool, seqs, bans, refusals) equals that of an intake that never saw the lie: 300 scenarios,
-  3,000 records. Groups with one flaw or none: admitted exactly when they follow the documented rules (300).
+  two signers are admitted; one lie of a third signer among them (a changed reward, a token outside the vocabulary, the
+  prompt of another seq, seed, example or signer, the wrong number of completions, a completion over
+  ``max_new_tokens``, an unknown or future adapter version, another lineage's sha256, a replayed seq, a duplicate, an
+  unreadable entry) is refused with its reason and banned or forgiven as intake.py documents, and the honest signers'
+  state (pool, seqs, bans, refusals) equals that of an intake that never saw the lie: 300 scenarios, 3,000 records.
+  Groups with one flaw or none: admitted exactly when they follow the documented rules (300).
 
 In all about 15,000 records, in about 45 s on 2 idle cores (``OMP_NUM_THREADS=1 pytest tests/test_fuzz.py``).
 """
@@ -67,10 +66,18 @@ from peer.protocol.records import (
 )
 from peer.roles.learner.verify import REASONS, Refused
 from peer.run.spec import prompt_seed
-from tests import intake_helpers as ih
-from tests import record_strategies as rs
-from tests import test_protocol as tp
-from tests.test_protocol_validators import KEY_A, KEY_B, PUB_A, PUB_B, RUN, composite, forge, record, signed
+from tests.helpers import intake as ih
+from tests.helpers import strategies as rs
+from tests.helpers.records import (
+    changed,
+    make_adapter,
+    make_credit,
+    make_group,
+    make_heartbeat,
+    make_manifest,
+    make_metrics,
+)
+from tests.helpers.signing import KEY_A, KEY_B, PUB_A, PUB_B, RUN, composite, forge, record, signed
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -274,20 +281,20 @@ def proper(field: str) -> tuple[dict, bytes]:
     """A valid value for run key ``field`` and the subkey it belongs under."""
     if field.startswith(keys.BUCKET_FIELD_PREFIX):
         slot = int(field.removeprefix(keys.BUCKET_FIELD_PREFIX))
-        return to_dht_value(BucketEntry.of_group(tp.group(version=slot, seq=0))), keys.group_subkey(PUB_A, slot, 0)
+        return to_dht_value(BucketEntry.of_group(make_group(version=slot, seq=0))), keys.group_subkey(PUB_A, slot, 0)
     if field.startswith(keys.HOLDERS_FIELD_PREFIX):
         slot = int(field.removeprefix(keys.HOLDERS_FIELD_PREFIX))
         holder = HolderRecord(peer_id="QmHo", version=slot, sha256="a" * 64, size=1, created=1.0)
         return to_dht_value(holder), keys.owner_subkey(PUB_A)
     access = AccessRecord(issuer="a" * 64, revoked=["b" * 16], created=1.0, signature="c" * 128)
     made = {
-        keys.MANIFEST_FIELD: tp.manifest(run_id=RUN),
-        keys.PEERS_FIELD: tp.heartbeat(),
-        keys.CORE_PEERS_FIELD: tp.heartbeat(),
-        keys.ADAPTER_FIELD: tp.adapter(),
-        keys.METRICS_FIELD: tp.metrics(),
+        keys.MANIFEST_FIELD: make_manifest(run_id=RUN),
+        keys.PEERS_FIELD: make_heartbeat(),
+        keys.CORE_PEERS_FIELD: make_heartbeat(),
+        keys.ADAPTER_FIELD: make_adapter(),
+        keys.METRICS_FIELD: make_metrics(),
         keys.ACCESS_FIELD: access,
-        keys.CREDIT_FIELD: tp.RECORDS["credit"](),
+        keys.CREDIT_FIELD: make_credit(),
     }[field]
     return to_dht_value(made), keys.owner_subkey(PUB_A)
 
@@ -418,20 +425,20 @@ def lies(run, read: list[GroupRecord], target: GroupRecord) -> dict[str, tuple[s
 
     def with_completion(c: int, **fields) -> GroupRecord:
         completion = {**target.completions[c].dict(), **fields}
-        return ih.changed(target, completions=[*target.completions[:c], completion, *target.completions[c + 1 :]])
+        return changed(target, completions=[*target.completions[:c], completion, *target.completions[c + 1 :]])
 
     @st.composite
     def changed_reward(draw):
         i = draw(st.integers(0, len(target.rewards) - 1))
         new = draw(rs.fractions.filter(lambda r: abs(r - target.rewards[i]) > 1e-5))
-        return ih.changed(target, rewards=[*target.rewards[:i], new, *target.rewards[i + 1 :]])
+        return changed(target, rewards=[*target.rewards[:i], new, *target.rewards[i + 1 :]])
 
     @st.composite
     def out_of_vocabulary(draw):
         if draw(st.booleans()):
             prompt = target.prompt_tokens()
             prompt[draw(st.integers(0, len(prompt) - 1))] = draw(st.integers(vocab, 2**32 - 1))
-            return ih.changed(target, prompt_ids=encode_tokens(prompt))
+            return changed(target, prompt_ids=encode_tokens(prompt))
         c = draw(st.integers(0, len(target.completions) - 1))
         tokens = target.completions[c].tokens()
         tokens[draw(st.integers(0, len(tokens) - 1))] = draw(st.integers(vocab, 2**32 - 1))
@@ -442,12 +449,12 @@ def lies(run, read: list[GroupRecord], target: GroupRecord) -> dict[str, tuple[s
         prompt = target.prompt_tokens()
         i = draw(st.integers(0, len(prompt) - 1))
         prompt[i] = draw(st.integers(0, vocab - 1).filter(lambda t: t != prompt[i]))
-        return ih.changed(target, prompt_ids=encode_tokens(prompt))
+        return changed(target, prompt_ids=encode_tokens(prompt))
 
     @st.composite
     def wrong_group_size(draw):
         picked = [i % s.group_size for i in range(draw(st.integers(2, 64).filter(lambda n: n != s.group_size)))]
-        return ih.changed(
+        return changed(
             target, completions=[target.completions[i] for i in picked], rewards=[target.rewards[i] for i in picked]
         )
 
@@ -466,18 +473,18 @@ def lies(run, read: list[GroupRecord], target: GroupRecord) -> dict[str, tuple[s
     @st.composite
     def replayed(draw):
         original = draw(st.sampled_from(read))
-        return ih.changed(original, version=draw(st.integers(1, MAX_INT)), adapter_sha256=draw(rs.sha256s))
+        return changed(original, version=draw(st.integers(1, MAX_INT)), adapter_sha256=draw(rs.sha256s))
 
     other_lineage = st.tuples(st.sampled_from([0, 1]), rs.sha256s.filter(lambda h: h not in (ih.SHA0, ih.SHA1)))
     groups = {
         "changed reward": (changed_reward(), "reward"),
         "token outside the vocabulary": (out_of_vocabulary(), "vocabulary"),
         "prompt of another seq": (
-            st.integers(0, MAX_INT).filter(lambda i: i != target.seq).map(lambda i: ih.changed(target, task_index=i)),
+            st.integers(0, MAX_INT).filter(lambda i: i != target.seq).map(lambda i: changed(target, task_index=i)),
             "prompt",
         ),
         "prompt of another seed": (
-            rs.counts.filter(lambda seed: seed != own_seed).map(lambda seed: ih.changed(target, task_seed=seed)),
+            rs.counts.filter(lambda seed: seed != own_seed).map(lambda seed: changed(target, task_seed=seed)),
             "prompt",
         ),
         "prompt tokens of another example": (other_prompt_tokens(), "prompt"),
@@ -485,11 +492,11 @@ def lies(run, read: list[GroupRecord], target: GroupRecord) -> dict[str, tuple[s
         "wrong group size": (wrong_group_size(), "shape"),
         "completion too long": (too_long(), "shape"),
         "unknown or future version": (
-            st.integers(2, MAX_INT).map(lambda v: ih.changed(target, version=v)),
+            st.integers(2, MAX_INT).map(lambda v: changed(target, version=v)),
             "unknown_version",
         ),
         "another lineage's sha256": (
-            other_lineage.map(lambda vh: ih.changed(target, version=vh[0], adapter_sha256=vh[1])),
+            other_lineage.map(lambda vh: changed(target, version=vh[0], adapter_sha256=vh[1])),
             "lineage",
         ),
         "replayed seq": (replayed(), "replay"),
@@ -637,15 +644,16 @@ def fuzz_groups(run, tally: Counter, config: settings) -> None:
         if wrong in (True, "version"):
             version = draw(rs.counts)
         sha = draw(rs.sha256s) if wrong in (True, "sha256") else {0: ih.SHA0, 1: ih.SHA1}.get(version, ih.SHA0)
-        group = GroupRecord(
+        group = make_group(
             version=version,
             adapter_sha256=sha,
             producer=ih.PEER_ID,
             seq=seq,
             task_seed=draw(rs.counts) if wrong in (True, "seed") else own_seed,
             task_index=draw(rs.counts) if wrong in (True, "index") else seq,
-            prompt_ids=encode_tokens(prompt),
-            completions=[{"token_ids": encode_tokens(t), "logprobs": encode_floats([-1.0] * len(t))} for t in made],
+            prompt=prompt,
+            completions=made,
+            logprob=-1.0,
             rewards=rewards,
             created=1.0,
         )

@@ -1,6 +1,6 @@
 """A learner's intake and groups without signal (all rewards equal): verified and counted, never pooled or checked.
 
-The groups are made here rather than sampled (``tests.intake_helpers.sample_run`` keeps only groups with signal):
+The groups are made here rather than sampled (``tests.helpers.intake.sample_run`` keeps only groups with signal):
 each completion is the tokens of an answer to the signer's own example, right or wrong, its reward scored by the
 run's task, so every group passes the intake's real checks (prompt re-derived from seed and seq, every reward
 recomputed). Whether a group has signal is read off those rewards.
@@ -11,11 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from peer.protocol import Completion, GroupRecord, encode_tokens
+from peer.protocol import GroupRecord
 from peer.roles.learner import intake as intake_module
 from peer.roles.learner.intake import RECENT_SIGNAL
 from peer.roles.learner.verify import REWARD_TOLERANCE, Refused
-from tests import intake_helpers as ih
+from tests.helpers import intake as ih
+from tests.helpers.records import changed, make_group
 
 # per seq: how many of the G completions answer right (0 or G: no signal)
 PATTERN = {ih.A: [0, 1, 0, 3, "all", 1, 0, 2], ih.M: [1, 0, 2, 0]}
@@ -25,7 +26,7 @@ def has_signal(group) -> bool:
     return max(group.rewards) > min(group.rewards)
 
 
-def make_group(run, owner: bytes, seq: int, right: int) -> GroupRecord:
+def answered_group(run, owner: bytes, seq: int, right: int) -> GroupRecord:
     """An honest v0 group of ``owner``'s example ``seq`` whose first ``right`` completions are the answer."""
     from peer.model.prompts import completion_text, prompt_ids
     from peer.run.spec import prompt_seed
@@ -35,15 +36,14 @@ def make_group(run, owner: bytes, seq: int, right: int) -> GroupRecord:
     wrong = f"{(int(example.reference) + 1) % 10 ** len(example.reference):0{len(example.reference)}d}"
     answers = [example.reference] * right + [wrong] * (G - right)
     tokens = [tokenizer.encode(a, add_special_tokens=False) for a in answers]
-    return GroupRecord(
+    return make_group(
         version=0,
         adapter_sha256=ih.SHA0,
-        producer=ih.PEER_ID,
         seq=seq,
         task_seed=prompt_seed(spec.seed, owner),
         task_index=seq,
-        prompt_ids=encode_tokens(prompt_ids(tokenizer, spec.prompt, example.prompt)),
-        completions=[Completion.of(t, [-0.5] * len(t)) for t in tokens],
+        prompt=prompt_ids(tokenizer, spec.prompt, example.prompt),
+        completions=tokens,
         rewards=[spec.task.reward(completion_text(tokenizer, t, spec.prompt.stop), example) for t in tokens],
         created=1.0,
     )
@@ -60,7 +60,7 @@ def run():
     G = run.spec.sampling.group_size
     for owner, pattern in PATTERN.items():
         run.groups[owner] = [
-            make_group(run, owner, seq, G if right == "all" else right) for seq, right in enumerate(pattern)
+            answered_group(run, owner, seq, G if right == "all" else right) for seq, right in enumerate(pattern)
         ]
         assert [has_signal(g) for g in run.groups[owner]] == [r not in (0, "all") for r in pattern]
     assert {g.rewards[0] for g in run.groups[ih.A] if not has_signal(g)} == {0.0, 1.0}, "all wrong and all right"
@@ -143,7 +143,7 @@ def test_no_signal_share_is_over_verified_groups_only(run):
     assert intake.add(ih.fetched(ih.A, run.groups[ih.A][0]), 0).reason == "duplicate"
     m_flat = flat(run, ih.M)[0]
     assert intake.add(ih.fetched(ih.M, m_flat), 0 + run.spec.staleness.tau_max + 1) == "stale"
-    lie = ih.changed(spread(run, ih.M)[0], rewards=[0.0] * run.spec.sampling.group_size)
+    lie = changed(spread(run, ih.M)[0], rewards=[0.0] * run.spec.sampling.group_size)
     assert intake.add(ih.fetched(ih.M, lie), 0).reason == "reward"
     assert intake.no_signal_share() == before and len(intake.recent_signal) == n
 
@@ -167,7 +167,7 @@ def test_a_group_claiming_equal_rewards_that_are_not_is_refused_as_a_reward_lie(
     g = spread(run, ih.M)[0]
     for claimed in (0.0, 1.0, g.rewards[0]):
         intake = ih.new_intake(run)
-        lie = ih.changed(g, rewards=[claimed] * len(g.rewards))
+        lie = changed(g, rewards=[claimed] * len(g.rewards))
         result = intake.add(ih.fetched(ih.M, lie), 0)
         assert isinstance(result, Refused) and result.reason == "reward", (claimed, result)
         assert ih.M in intake.banned and intake.counts["no_signal"] == 0
@@ -180,7 +180,7 @@ def test_a_group_claiming_a_spread_its_completions_do_not_earn_is_refused(run):
     intake = ih.new_intake(run)
     rewards = list(g.rewards)
     rewards[0] = 1.0 - rewards[0]  # one completion claims the other score: the group would seem to teach
-    result = intake.add(ih.fetched(ih.M, ih.changed(g, rewards=rewards)), 0)
+    result = intake.add(ih.fetched(ih.M, changed(g, rewards=rewards)), 0)
     assert isinstance(result, Refused) and result.reason == "reward"
     assert ih.M in intake.banned and intake.waiting() == 0 and intake.checks_waiting() == 0
     assert intake.counts["no_signal"] == 0 and intake.counts["admitted"] == 0
@@ -193,7 +193,7 @@ def test_a_replay_of_a_group_without_signal_is_still_refused(run):
     again = intake.add(ih.fetched(ih.M, g), 0)
     assert isinstance(again, Refused) and again.reason == "duplicate", "read twice: forgiven, not counted twice"
     assert intake.counts["no_signal"] == 1 and ih.M not in intake.banned
-    replay = ih.changed(g, version=1, adapter_sha256=ih.SHA1)  # the same seq under another version
+    replay = changed(g, version=1, adapter_sha256=ih.SHA1)  # the same seq under another version
     result = intake.add(ih.fetched(ih.M, replay), 1)
     assert isinstance(result, Refused) and result.reason == "replay"
     assert ih.M in intake.banned and intake.counts["no_signal"] == 1
@@ -221,7 +221,7 @@ def test_a_spread_within_the_reward_tolerance_does_not_make_a_flat_group_take_a_
     g = next(g for g in flat(run, ih.A) if g.rewards[0] == r)
     rewards = list(g.rewards)
     rewards[-1] = within_tolerance(r, up=r == 0.0)
-    lie = ih.changed(g, rewards=rewards)
+    lie = changed(g, rewards=rewards)
     assert check_group(lie, ih.A, run.spec, run.tokenizer, {0: ih.SHA0}.get) is None, "forgiven by the check"
     intake = ih.new_intake(run)
     assert intake.add(ih.fetched(ih.A, lie), 0) == "no_signal", "a group whose real rewards are all equal was pooled"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import join_args, learn_args, start_host, wait_until
+from tests.helpers.swarm import exit_summary, fingerprint, join_args, learn_args, start_host
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -21,23 +22,6 @@ LIAR = str(Path(__file__).parent / "procs" / "liar_rollout.py")
 
 def _ledger(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _summary(proc, procs) -> dict:
-    out, _ = proc.communicate(timeout=90)
-    assert proc.returncode == 0, procs.log(proc)[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def _fingerprint(identity: Path) -> str:
-    """Make the signing key a peer started with ``--identity identity`` will use, and name it."""
-    from hivemind.dht.crypto import RSASignatureValidator
-
-    from peer.network.swarm import load_signing_key
-    from peer.protocol import key_fingerprint
-
-    public = RSASignatureValidator(load_signing_key(str(identity))).local_public_key[len(b"[owner:") : -1]
-    return key_fingerprint(public)
 
 
 def _announced(swarm) -> dict[int, set[str]]:
@@ -76,7 +60,7 @@ def test_one_rollout_peer_and_one_learner_make_versions_the_rollout_peer_follows
     ledger, checkpoints = tmp_path / "ledger.jsonl", tmp_path / "ckpt"
     learn = [*learn_args(info), "--cache-dir", str(tmp_path / "l"), "--checkpoint-dir", str(checkpoints)]
     learner = procs.start("learner", "learn", *learn, "--max-versions", "4", "--ledger", str(ledger), "--json")
-    summary = _summary(learner, procs)
+    summary = exit_summary(learner)
     assert summary["versions_made"] == 4 and summary["adapter_version"] == 4, summary
     assert summary["groups_rejected"] == {} and summary["banned"] == [], summary
 
@@ -124,7 +108,7 @@ def test_one_rollout_peer_and_one_learner_make_versions_the_rollout_peer_follows
     learner = procs.start(
         "learner2", "learn", *learn, "--max-versions", "2", "--ledger", str(tmp_path / "l2.jsonl"), "--json"
     )
-    again = _summary(learner, procs)
+    again = exit_summary(learner)
     assert again["adapter_version"] == 6 and again["versions_made"] == 2, again
     assert again["resumed_from"] == f"checkpoint {checkpoints}", again
     first = next(line for line in _ledger(tmp_path / "l2.jsonl") if not line.get("no_signal"))
@@ -152,7 +136,7 @@ def test_a_peer_that_inflates_rewards_or_replays_a_group_is_banned_and_never_rea
     names = {}
     for mode in ("inflate", "replay"):
         identity = tmp_path / f"{mode}.id"
-        names[mode] = _fingerprint(identity)
+        names[mode] = fingerprint(identity)
         args = ["join", *join_args(info), "--cache-dir", str(tmp_path / mode), "--identity", str(identity), *rollout]
         names[f"{mode}-proc"] = procs.start_argv(mode, [LIAR, mode, *args])
     ledger = tmp_path / "ledger.jsonl"
@@ -171,10 +155,10 @@ def test_a_peer_that_inflates_rewards_or_replays_a_group_is_banned_and_never_rea
         lambda: {names["inflate"], names["replay"]} <= metrics_banned(),
         "both liars in the learner's metrics",
         timeout=200,
-        procs=[learner],
+        watched_processes=[learner],
     )
     learner.send_signal(signal.SIGTERM)
-    summary = _summary(learner, procs)
+    summary = exit_summary(learner)
     assert {names["inflate"], names["replay"]} <= set(summary["banned"]), summary
     assert summary["groups_rejected"].get("reward", 0) >= 1 and summary["groups_rejected"].get("replay", 0) >= 1
     assert summary["versions_made"] >= 2

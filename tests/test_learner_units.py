@@ -16,8 +16,9 @@ from peer.network.buckets import Fetched
 from peer.protocol import GroupRecord, key_fingerprint
 from peer.roles.learner.intake import Intake
 from peer.roles.learner.peer import batch_tensors, learn_step, read_checkpoint, write_checkpoint
-from tests.intake_helpers import SHA0, SHA1, changed, new_intake, sample_run
-from tests.intake_helpers import fetched as entry
+from tests.helpers.intake import SHA0, SHA1, new_intake, sample_run
+from tests.helpers.intake import fetched as entry
+from tests.helpers.records import changed
 
 PEER_ID = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
 A = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/peer-a=="
@@ -420,7 +421,6 @@ def test_the_leaders_answers_to_a_helper(setup):
     helper checks it (peer.roles.learner.team.messages)."""
     import asyncio
     import threading
-    import time
 
     from peer.roles.learner.team.lead import Lead
     from peer.roles.learner.team.messages import parse_work_answer
@@ -443,11 +443,8 @@ def test_the_leaders_answers_to_a_helper(setup):
     }
 
     def offer():  # the learner's loop answers a wanted snapshot
-        for _ in range(200):
-            if lead.snapshot_wanted.is_set():
-                lead.offer_snapshot(snapshot)
-                return
-            time.sleep(0.005)
+        if lead.snapshot_wanted.wait(timeout=5):
+            lead.offer_snapshot(snapshot)
 
     t = threading.Thread(target=offer)
     t.start()

@@ -16,19 +16,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.swarm_helpers import fingerprint, join_args, learn_args, read_ledger, start_host, status, wait_until
+from tests.helpers.swarm import exit_summary, fingerprint, join_args, learn_args, read_ledger, start_host, status
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).parent
 FLOOD_RATE = 1500.0  # groups/s asked of the flooder; an honest rollout peer publishes ~10 a second here
 CHECK_RATE = 0.25
-
-
-def _summary(proc) -> dict:
-    out, _ = proc.communicate(timeout=90)
-    assert proc.returncode == 0
-    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.slow  # 55-95 s; the forger alone, in a mixed-precision swarm: tests/test_precision.py (default run)
@@ -75,7 +70,9 @@ def test_a_forger_and_a_flooder_are_banned_capped_and_cost_the_learner_no_memory
         return {fp["forger"], fp["flooder"]} <= banned
 
     wait_until(banned_both, "both liars banned", 200, [learner, honest, flooder])
-    while time.monotonic() - started < 60:  # the flood goes on after its ban: it must cost the learner nothing
+    # the flood goes on after its ban and must cost the learner nothing: its memory is sampled every second until
+    # a minute into the run, a span of time measured rather than a condition awaited
+    while time.monotonic() - started < 60:
         rss.append((time.monotonic() - started, me.memory_info().rss / 2**20))
         time.sleep(1.0)
     versions_during = len(read_ledger(ledger))
@@ -87,7 +84,7 @@ def test_a_forger_and_a_flooder_are_banned_capped_and_cost_the_learner_no_memory
     forger.send_signal(signal.SIGTERM)
     honest.send_signal(signal.SIGTERM)
     learner.send_signal(signal.SIGTERM)
-    summary = _summary(learner)
+    summary = exit_summary(learner)
     out, _ = honest.communicate(timeout=90)
     honest_summary = json.loads(out.strip().splitlines()[-1])
     forger.communicate(timeout=90)

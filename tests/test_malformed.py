@@ -58,9 +58,16 @@ from peer.protocol.records import (
 )
 from peer.protocol.version import PROTOCOL_VERSION
 from peer.roles.learner.verify import Refused
-from tests import intake_helpers as ih
-from tests import test_protocol as tp
-from tests.test_protocol_validators import KEY_A, KEY_B, PUB_A, PUB_B, RUN, composite, forge, record, signed
+from tests.helpers import intake as ih
+from tests.helpers.records import (
+    changed,
+    make_adapter,
+    make_group,
+    make_heartbeat,
+    make_manifest,
+    make_metrics,
+)
+from tests.helpers.signing import KEY_A, KEY_B, PUB_A, PUB_B, RUN, composite, forge, record, signed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,9 +177,9 @@ def assert_forgiven(read, reason: str) -> None:
     ],
 )
 def test_wrong_schema_is_refused_at_store_time_and_by_the_reader(case):
-    beat = to_dht_value(tp.heartbeat())
+    beat = to_dht_value(make_heartbeat())
     peers = (keys.peers_key(RUN), keys.owner_subkey(PUB_A))
-    key, subkey, entry = entry_value(tp.group())
+    key, subkey, entry = entry_value(make_group())
     bad = {
         "extra field": lambda: (PeerRecord, *peers, {**beat, "admin": True}),
         "missing field": lambda: (PeerRecord, *peers, {k: v for k, v in beat.items() if k != "stats"}),
@@ -180,7 +187,7 @@ def test_wrong_schema_is_refused_at_store_time_and_by_the_reader(case):
             MetricsRecord,
             keys.metrics_key(RUN),
             peers[1],
-            {k: v for k, v in to_dht_value(tp.metrics()).items() if k != "reward_history"},
+            {k: v for k, v in to_dht_value(make_metrics()).items() if k != "reward_history"},
         ),
         "int for float": lambda: (PeerRecord, *peers, {**beat, "throughput": 0}),
         "float for int": lambda: (PeerRecord, *peers, {**beat, "adapter_version": -1.0}),
@@ -192,7 +199,11 @@ def test_wrong_schema_is_refused_at_store_time_and_by_the_reader(case):
         "wrong type inside a group": lambda: (BucketEntry, key, subkey, with_group(entry, rewards=[1, 0])),
     }[case]
     cls, bad_key, bad_subkey, value = bad()
-    good = {AdapterRecord: to_dht_value(tp.adapter()), BucketEntry: entry, MetricsRecord: to_dht_value(tp.metrics())}
+    good = {
+        AdapterRecord: to_dht_value(make_adapter()),
+        BucketEntry: entry,
+        MetricsRecord: to_dht_value(make_metrics()),
+    }
     good = good.get(cls, beat)
     assert_refused_at_store(cls, bad_key, bad_subkey, value, good)
 
@@ -201,7 +212,7 @@ def test_json_nested_too_deeply_is_refused_not_raised():
     """A 2,000-character JSON text (inside the 4,096 limit) nested 1,000 deep exhausted the parser's stack: the
     manifest, stored by any peer under its own subkey, made every validator and reader raise RecursionError."""
     deep = '{"a": ' + "[" * 1000 + "]" * 1000 + "}"
-    good = to_dht_value(tp.manifest(run_id=RUN))
+    good = to_dht_value(make_manifest(run_id=RUN))
     for field in ("grpo_json", "lora_json"):
         assert_refused_at_store(
             ManifestRecord, keys.manifest_key(RUN), keys.owner_subkey(PUB_A), {**good, field: deep}, good
@@ -213,10 +224,10 @@ def test_json_nested_too_deeply_is_refused_not_raised():
 @pytest.mark.parametrize("key", [b"x", 7])
 def test_a_record_map_with_a_key_that_is_not_a_name_is_refused(key):
     """pydantic raised TypeError ("keywords must be strings") for a bytes key: a blob of groups could carry one."""
-    beat = to_dht_value(tp.heartbeat())
+    beat = to_dht_value(make_heartbeat())
     with pytest.raises(RecordError, match="named fields"):
         from_dht_value(PeerRecord, {**beat, key: 1})
-    batch = {"protocol_version": PROTOCOL_VERSION, "groups": [pack(tp.group())], b"extra": 1}
+    batch = {"protocol_version": PROTOCOL_VERSION, "groups": [pack(make_group())], b"extra": 1}
     with pytest.raises(RecordError):
         unpack(GroupBatch, msgpack.packb(batch, use_bin_type=True))
 
@@ -225,7 +236,7 @@ def test_a_record_map_with_a_key_that_is_not_a_name_is_refused(key):
 def test_a_subkey_hivemind_cannot_parse_is_refused_not_raised(subkey):
     """hivemind's own validators raised on these (ValueError "Invalid line format"; TypeError "unhashable type");
     any peer can send them in a store."""
-    good = to_dht_value(tp.heartbeat())
+    good = to_dht_value(make_heartbeat())
     mine, theirs = composite(KEY_A), composite(KEY_B)
     accepted = stored(mine, keys.peers_key(RUN), keys.owner_subkey(PUB_A), good)
     refused = stored(mine, keys.peers_key(RUN), subkey, good)
@@ -239,7 +250,7 @@ def test_a_subkey_hivemind_cannot_parse_is_refused_not_raised(subkey):
 )
 def test_wrong_schema_for_its_key_is_refused_at_store_time(case):
     """A valid entry stored where its key or subkey says something else: only the validator sees the key."""
-    group = tp.group(version=5, seq=2)
+    group = make_group(version=5, seq=2)
     key, subkey, value = entry_value(group)
     bad_key, bad_subkey = {
         "another version's slot": (keys.bucket_key(RUN, 6), subkey),
@@ -280,7 +291,7 @@ def test_wrong_schema_read_from_a_bucket_is_refused_as_schema_and_forgiven(sampl
 def big_group(completions: int = 8) -> GroupRecord:
     """A valid group over the inline limit: ``completions`` completions of the most tokens each."""
     longest = Completion.of([1] * MAX_COMPLETION_TOKENS, [-1.0] * MAX_COMPLETION_TOKENS)
-    return tp.group(completions=[longest] * completions, rewards=[0.0] * completions)
+    return make_group(completions=[longest] * completions, rewards=[0.0] * completions)
 
 
 def test_oversize_record_raises_before_anything_reaches_hivemind():
@@ -309,7 +320,7 @@ class BlobCache:
 
 
 def test_oversize_group_batch_goes_as_a_blob_pointer():
-    small = [tp.group(version=5, seq=seq) for seq in (0, 1)]
+    small = [make_group(version=5, seq=seq) for seq in (0, 1)]
     big = [big_group().copy(update={"seq": seq}) for seq in (10, 11)]
     stores, searches = [], set()
     swarm = SimpleNamespace(
@@ -344,10 +355,10 @@ def test_oversize_group_batch_goes_as_a_blob_pointer():
 def test_oversize_raw_value_under_a_run_key_is_refused_by_the_validator(case):
     if case == "heartbeat over the DHT limit":
         cls, key, subkey = PeerRecord, keys.peers_key(RUN), keys.owner_subkey(PUB_A)
-        good = to_dht_value(tp.heartbeat())
+        good = to_dht_value(make_heartbeat())
         bad = {**good, "hardware": "x" * MAX_DHT_VALUE_BYTES}
     else:
-        cls, (key, subkey, good) = BucketEntry, entry_value(tp.group())
+        cls, (key, subkey, good) = BucketEntry, entry_value(make_group())
         big = big_group().dict()
         bad = with_group(good, completions=big["completions"], rewards=big["rewards"])
         assert sum(len(msgpack.packb(g, use_bin_type=True)) for g in bad["inline"]) > MAX_INLINE_GROUP_BYTES
@@ -360,7 +371,7 @@ def test_oversize_blob_is_refused_before_it_is_decoded():
         unpack(GroupBatch, b"\x00" * (MAX_GROUP_BATCH_BYTES + 1))
     with pytest.raises(RecordError, match="over its"):
         unpack(GroupRecord, b"\x00" * (MAX_GROUP_BYTES + 1))
-    biggest = tp.group(
+    biggest = make_group(
         completions=[Completion.of([1] * MAX_COMPLETION_TOKENS, [-1.0] * MAX_COMPLETION_TOKENS)] * MAX_GROUP_SIZE,
         rewards=[0.0] * MAX_GROUP_SIZE,
     )
@@ -374,7 +385,7 @@ def test_oversize_blob_is_refused_before_it_is_decoded():
 def test_nan_or_inf_logprobs_are_refused_at_store_time_by_the_reader_and_the_writer(bad):
     with pytest.raises(pydantic.ValidationError, match="finite and <= 0"):
         Completion.of([1, 2, 3], [-0.5, bad, -0.5])
-    key, subkey, good = entry_value(tp.group())
+    key, subkey, good = entry_value(make_group())
     completion = {"token_ids": encode_tokens([1, 2, 3]), "logprobs": encode_floats([-0.5, bad, -0.5])}
     value = with_group(good, completions=[completion, good["inline"][0]["completions"][1]])
     assert_refused_at_store(BucketEntry, key, subkey, value, good)
@@ -391,11 +402,11 @@ def test_token_ids_outside_the_vocabulary_are_refused_and_ban(sampled, where, to
     bad_id = sampled.vocab if token == "vocabulary size" else 2**32 - 1
     g = sampled.groups[ih.M][2]
     if where == "prompt":
-        lie = ih.changed(g, prompt_ids=encode_tokens([*g.prompt_tokens()[:-1], bad_id]))
+        lie = changed(g, prompt_ids=encode_tokens([*g.prompt_tokens()[:-1], bad_id]))
     else:
         c = g.completions[0]
         bad = {**c.dict(), "token_ids": encode_tokens([bad_id, *c.tokens()[1:]])}
-        lie = ih.changed(g, completions=[bad, *g.completions[1:]])
+        lie = changed(g, completions=[bad, *g.completions[1:]])
     assert_banned(read_with_a_lie(sampled, ih.fetched(ih.M, lie)), "vocabulary")
 
 
@@ -421,7 +432,7 @@ def test_token_ids_outside_uint32_cannot_be_written():
     ],
 )
 def test_length_mismatch_is_refused_at_store_time_and_by_the_reader(case):
-    key, subkey, good = entry_value(tp.group())
+    key, subkey, good = entry_value(make_group())
     c0, c1 = good["inline"][0]["completions"]  # 3 and 2 tokens
     edit = {
         "fewer log-probs than tokens": {"completions": [{**c0, "logprobs": encode_floats([-0.5] * 2)}, c1]},
@@ -441,7 +452,7 @@ def test_length_mismatch_with_the_run_a_completion_over_max_new_tokens_is_refuse
     extra = sampled.spec.sampling.max_new_tokens + 1 - len(c.tokens())
     longer = Completion.of(c.tokens() + [4] * extra, c.behaviour_logprobs() + [-1.0] * extra)
     assert len(longer.tokens()) == sampled.spec.sampling.max_new_tokens + 1
-    lie = ih.changed(g, completions=[longer, *g.completions[1:]])
+    lie = changed(g, completions=[longer, *g.completions[1:]])
     assert_banned(read_with_a_lie(sampled, ih.fetched(ih.M, lie)), "shape")
 
 
@@ -450,7 +461,7 @@ def test_length_mismatch_with_the_run_a_completion_over_max_new_tokens_is_refuse
 
 @pytest.mark.parametrize("size", [1, MAX_GROUP_SIZE + 1])
 def test_wrong_group_size_outside_the_protocol_is_refused_at_store_time_and_by_the_reader(size):
-    key, subkey, good = entry_value(tp.group())
+    key, subkey, good = entry_value(make_group())
     completions = (good["inline"][0]["completions"] * MAX_GROUP_SIZE)[:size]
     value = with_group(good, completions=completions, rewards=[0.0] * size)
     assert_refused_at_store(BucketEntry, key, subkey, value, good)
@@ -461,7 +472,7 @@ def test_wrong_group_size_for_the_run_is_refused_and_bans(sampled, delta):
     g = sampled.groups[ih.M][2]
     n = sampled.spec.sampling.group_size + delta
     picked = [i % len(g.completions) for i in range(n)]
-    lie = ih.changed(g, completions=[g.completions[i] for i in picked], rewards=[g.rewards[i] for i in picked])
+    lie = changed(g, completions=[g.completions[i] for i in picked], rewards=[g.rewards[i] for i in picked])
     assert_banned(read_with_a_lie(sampled, ih.fetched(ih.M, lie)), "shape")
 
 
@@ -470,7 +481,7 @@ def test_wrong_group_size_for_the_run_is_refused_and_bans(sampled, delta):
 
 @pytest.mark.parametrize("version", [2, 7, 2**63 - 1], ids=["next", "future", "largest"])
 def test_unknown_or_future_adapter_version_is_refused_and_forgiven(sampled, version):
-    lie = ih.changed(sampled.groups[ih.M][2], version=version, adapter_sha256="7" * 64)
+    lie = changed(sampled.groups[ih.M][2], version=version, adapter_sha256="7" * 64)
     # the DHT has nothing against it: an entry of any version is valid in its slot; the learner judges the version
     validator = composite(KEY_A)
     assert validator.validate(stored(validator, *entry_value(lie)))
@@ -479,7 +490,7 @@ def test_unknown_or_future_adapter_version_is_refused_and_forgiven(sampled, vers
 
 
 def test_unknown_adapter_bytes_for_a_known_version_are_refused_as_lineage_and_forgiven(sampled):
-    lie = ih.changed(sampled.groups[ih.M][2], version=1, adapter_sha256=hashlib.sha256(b"a fork's v1").hexdigest())
+    lie = changed(sampled.groups[ih.M][2], version=1, adapter_sha256=hashlib.sha256(b"a fork's v1").hexdigest())
     assert_forgiven(read_with_a_lie(sampled, ih.fetched(ih.M, lie), learner_version=1), "lineage")
 
 
@@ -488,7 +499,7 @@ def test_unknown_adapter_bytes_for_a_known_version_are_refused_as_lineage_and_fo
 
 @pytest.mark.parametrize("version", [1, 2, 2**63 - 1])
 def test_replayed_sequence_under_another_version_is_refused_and_bans(sampled, version):
-    replay = ih.changed(sampled.groups[ih.M][1], version=version, adapter_sha256=ih.SHA1)  # seq 1 was read as v0
+    replay = changed(sampled.groups[ih.M][1], version=version, adapter_sha256=ih.SHA1)  # seq 1 was read as v0
     read = read_with_a_lie(sampled, ih.fetched(ih.M, replay), learner_version=1)
     assert_banned(read, "replay")
 
@@ -506,7 +517,7 @@ def test_replayed_sequence_after_a_restart_is_still_caught(sampled):
     restarted = ih.new_intake(sampled, batch=1)
     restarted.restore(first.state())
     assert restarted.add(ih.fetched(ih.A, sampled.groups[ih.A][0]), 1) is None
-    refused = restarted.add(ih.fetched(ih.M, ih.changed(g, version=1, adapter_sha256=ih.SHA1)), 1)
+    refused = restarted.add(ih.fetched(ih.M, changed(g, version=1, adapter_sha256=ih.SHA1)), 1)
     assert refused.reason == "replay" and ih.M in restarted.banned
     assert ih.pool_ids(restarted, ih.A) == [(0, 0)] and ih.A not in restarted.banned
 
@@ -529,15 +540,15 @@ def test_forged_owner_signature_is_refused_and_the_owners_record_stands(case):
     mine, theirs = composite(KEY_A), composite(KEY_B)
     peers = keys.peers_key(RUN)
     if case == "another owner's bucket entry":
-        key, _, value = entry_value(tp.group())
+        key, _, value = entry_value(make_group())
         owners = record(key, keys.group_subkey(PUB_B, 5, 2), value, EXPIRATION)
     else:
-        owners = record(peers, keys.owner_subkey(PUB_B), to_dht_value(tp.heartbeat(peer_id="QmPeerB")), EXPIRATION)
+        owners = record(peers, keys.owner_subkey(PUB_B), to_dht_value(make_heartbeat(peer_id="QmPeerB")), EXPIRATION)
     genuine = signed(theirs, owners)  # what B's own DHT stores
     assert mine.validate(genuine) and theirs.validate(genuine)
     assert mine.validate(forge(owners, KEY_B)), "forge() must sign as hivemind does, or the refusals prove nothing"
     before = remembered(mine), remembered(theirs)
-    leaving = to_dht_value(tp.heartbeat(peer_id="QmPeerB", state="leaving"))
+    leaving = to_dht_value(make_heartbeat(peer_id="QmPeerB", state="leaving"))
     theirs_leaving = record(peers, owners.subkey, leaving, EXPIRATION)
     forged = {
         "another owner's subkey signed with my key": lambda: forge(theirs_leaving, KEY_A),
@@ -578,10 +589,10 @@ def test_prompt_not_matching_its_seed_is_refused_and_bans(sampled, case):
     a = sampled.groups[ih.A][2]
     prompt = g.prompt_tokens()
     lie = {
-        "another signer's seed": lambda: ih.changed(g, task_seed=a.task_seed),
-        "another seq's example": lambda: ih.changed(g, task_index=g.seq + 1),
-        "another example's prompt tokens": lambda: ih.changed(g, prompt_ids=sampled.groups[ih.M][3].prompt_ids),
-        "one prompt token changed": lambda: ih.changed(
+        "another signer's seed": lambda: changed(g, task_seed=a.task_seed),
+        "another seq's example": lambda: changed(g, task_index=g.seq + 1),
+        "another example's prompt tokens": lambda: changed(g, prompt_ids=sampled.groups[ih.M][3].prompt_ids),
+        "one prompt token changed": lambda: changed(
             g, prompt_ids=encode_tokens([*prompt[:-2], (prompt[-2] + 1) % sampled.vocab, prompt[-1]])
         ),
         "another signer's group re-signed": lambda: a,

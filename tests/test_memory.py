@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from peer.errors import UserError
+from peer.model import memory
 from peer.model.memory import (
     auto_batch_size,
     in_batches,
@@ -48,7 +49,8 @@ def test_max_memory_on_the_command_line(monkeypatch):
     from peer.roles.rollout import peer as rollout
 
     seen = []
-    monkeypatch.setattr(rollout, "run_rollout", lambda config, on_ready: seen.append(config) or {})
+    done = SimpleNamespace(to_json=dict)  # the summary the command prints with --json
+    monkeypatch.setattr(rollout, "run_rollout", lambda config, on_ready: seen.append(config) or done)
     out = CliRunner().invoke(main, ["join", "--run-id", "r", "--max-memory", "6GiB", "--json"])
     assert out.exit_code == 0, out.output
     assert seen[-1].max_memory == 6 * 2**30
@@ -149,7 +151,7 @@ class _Said(logging.Handler):
 
 
 def test_running_out_of_memory_halves_the_batch_and_retries_the_same_items():
-    calls, said, log = [], _Said(), logging.getLogger("hivegrpo.roles.memory")
+    calls, said, log = [], _Said(), memory.logger
     log.addHandler(said)
     try:
         done, size = in_batches(_oom_above(3, calls), 16, 16)

@@ -11,7 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from peer.protocol import Demand
-from peer.roles.rollout.peer import Pacer, RolloutPeer, _Backlog
+from peer.roles.rollout import pacing
+from peer.roles.rollout.pacing import Pacer
+from peer.roles.rollout.peer import RolloutPeer
+from tests.helpers.waiting import wait_until
 
 
 def demand(gps: float, waiting: int = 16, contributors: int = 1) -> Demand:
@@ -135,8 +138,8 @@ def test_a_long_pacing_wait_looks_at_the_demand_again_every_half_second():
     p = peer(follower, Backlog())
     p.pacer.started(time.perf_counter(), 100)  # 100 s at 1 group/s ...
 
-    def faster():  # ... until the learners announce they consume 1000 groups/s
-        time.sleep(0.3)
+    def faster():  # ... until the learners announce they consume 1000 groups/s, 0.3 s into the wait: a time,
+        time.sleep(0.3)  # not a condition, since the wait under test is what must notice it
         follower.demand = demand(1000.0, waiting=16, contributors=1)
 
     threading.Thread(target=faster).start()
@@ -196,16 +199,14 @@ def test_an_inactive_backlog_takes_no_count():
             return 100
 
     store = Store()
-    backlog = _Backlog(store, interval=0.01, near=0)
+    backlog = pacing.Backlog(store, interval=0.01, near=0)
     try:
         backlog.active, backlog.version = False, 2
-        time.sleep(0.15)
+        time.sleep(0.15)  # 15 counting intervals: that no count happens can only be seen by letting time pass
         assert store.counts == 0
         backlog.active = True
-        deadline = time.monotonic() + 2.0
-        while store.counts == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert store.counts >= 1 and backlog.estimate(2) == 100
+        wait_until(lambda: store.counts >= 1, "a count once the backlog is active", 2.0, interval=0.01)
+        assert backlog.estimate(2) == 100
     finally:
         backlog.stop()
 

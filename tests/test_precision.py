@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import fingerprint, join_args, learn_args, read_ledger, start_host, wait_until
+from tests.helpers.swarm import fingerprint, join_args, learn_args, read_ledger, start_host
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

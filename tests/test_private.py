@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.swarm_helpers import LOOPBACK, join_args, learn_args, start_host, wait_until
+from tests.helpers.swarm import LOOPBACK, join_args, learn_args, start_host
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -29,15 +29,8 @@ from peer.protocol.limits import (
     check_value_size,
 )
 from peer.protocol.records import (
-    AdapterRecord,
-    BlobPointer,
     BucketEntry,
-    Completion,
-    Credit,
-    CreditRecord,
     GroupRecord,
-    ManifestRecord,
-    MetricsRecord,
     ModelFile,
     ModelSpec,
     PeerRecord,
@@ -53,142 +46,36 @@ from peer.protocol.records import (
     unpack,
 )
 from peer.protocol.version import PROTOCOL_VERSION, check_protocol_version
+from tests.helpers.records import (
+    PEER_A,
+    SHA_A,
+    completion,
+    make_adapter,
+    make_credit,
+    make_group,
+    make_heartbeat,
+    make_manifest,
+    make_metrics,
+    make_pointer,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-SHA_A, SHA_B = "a" * 64, "0123456789abcdef" * 4
-PEER_A, PEER_B = "QmPeerA", "12D3KooWPeerB"
 # An OpenSSH-format RSA public key as hivemind's RSAPublicKey.to_bytes() gives; the keys module only checks its shape.
 OWNER = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/x=="
 
 
-def completion(n: int = 3, logprob: float = -0.5) -> Completion:
-    return Completion.of(list(range(1, n + 1)), [logprob] * n)
-
-
-def group(**fields) -> GroupRecord:
-    values = dict(
-        version=5,
-        adapter_sha256=SHA_A,
-        producer=PEER_A,
-        seq=2,
-        task_seed=123,
-        task_index=7,
-        prompt_ids=encode_tokens([4, 5, 6]),
-        completions=[completion(), completion(2, -1.25)],
-        rewards=[1.0, 0.0],
-        created=1700000000.5,
-    )
-    values.update(fields)
-    return GroupRecord(**values)
-
-
-def manifest(**fields) -> ManifestRecord:
-    values = dict(
-        run_id="run-1",
-        created=1700000000.0,
-        access="private",
-        seed=0,
-        model=ModelSpec(
-            name="bundled",
-            revision=None,
-            quantization="nf4",
-            files=[
-                ModelFile(path="model.safetensors", sha256=SHA_A, size=3_000_000),
-                ModelFile(path="tok/tokenizer.json", sha256=SHA_B, size=0),
-            ],
-        ),
-        task=TaskSpec(name="addition", config_json=json.dumps({"digits": 3})),
-        grpo_json=json.dumps({"sampling": {"group_size": 8}, "staleness": {"tau_max": 4}}),
-        lora_json=json.dumps({"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}),
-        adapter0_sha256=SHA_B,
-        coordinator=PEER_B,
-    )
-    values.update(fields)
-    return ManifestRecord(**values)
-
-
-def heartbeat(**fields) -> PeerRecord:
-    values = dict(
-        peer_id=PEER_A,
-        role="rollout",
-        adapter_version=-1,
-        throughput=0.0,
-        hardware="cpu x2",
-        reachable=False,
-        maddrs=["/ip4/127.0.0.1/tcp/4001/p2p/QmPeerA"],
-        started=100.0,
-        last_seen=130.5,
-        state="running",
-        stats={"groups_per_s": 0.25, "tokens": 1000.0},
-    )
-    values.update(fields)
-    return PeerRecord(**values)
-
-
-def adapter(**fields) -> AdapterRecord:
-    values = dict(
-        version=3,
-        sha256=SHA_A,
-        parent_sha256=SHA_B,
-        ancestors=[SHA_B],
-        size=29680,
-        providers=[PEER_A, PEER_B],
-        created=5.0,
-        learner=PEER_A,
-    )
-    values.update(fields)
-    return AdapterRecord(**values)
-
-
-def pointer(**fields) -> BlobPointer:
-    values = dict(sha256=SHA_A, size=200_000, providers=[PEER_A], kind="group")
-    values.update(fields)
-    return BlobPointer(**values)
-
-
-def metrics(**fields) -> MetricsRecord:
-    values = dict(
-        learner=PEER_A,
-        version=12,
-        groups_accepted=40,
-        groups_dropped_stale=3,
-        groups_rejected={"bad_reward": 1, "duplicate": 2},
-        staleness_mean=1.5,
-        staleness_max=4,
-        reward_mean=0.42,
-        exact_match=None,
-        step_seconds=2.5,
-        banned=[],
-        created=9.0,
-    )
-    values.update(fields)
-    return MetricsRecord(**values)
-
-
 RECORDS = {
-    "manifest": manifest,
-    "heartbeat": heartbeat,
-    "named heartbeat": lambda: heartbeat(name="alice's laptop"),
-    "adapter": adapter,
-    "group": group,
-    "pointer": pointer,
-    "entry_inline": lambda: BucketEntry.of_group(group()),
-    "entry_pointer": lambda: BucketEntry.of_pointer(pointer(), version=9, seq=0),
-    "metrics": metrics,
-    "metrics_with_em": lambda: metrics(exact_match=0.75),
-    "credit": lambda: CreditRecord(
-        learner=PEER_A,
-        version=12,
-        groups_used=50,
-        contributors_known=3,
-        contributors={
-            "0123456789abcdef": Credit(
-                name="alice", used=40, refused=3, reasons={"surplus": 3}, stale=2, no_signal=9, since=5.0
-            ),
-            "fedcba9876543210": Credit(name=None, used=10, refused=0, reasons={}, stale=0, no_signal=0, since=6.0),
-        },
-        created=9.0,
-    ),
+    "manifest": make_manifest,
+    "heartbeat": make_heartbeat,
+    "named heartbeat": lambda: make_heartbeat(name="alice's laptop"),
+    "adapter": make_adapter,
+    "group": make_group,
+    "pointer": make_pointer,
+    "entry_inline": lambda: BucketEntry.of_group(make_group()),
+    "entry_pointer": lambda: BucketEntry.of_pointer(make_pointer(), version=9, seq=0),
+    "metrics": make_metrics,
+    "metrics_with_em": lambda: make_metrics(exact_match=0.75),
+    "credit": make_credit,
 }
 
 
@@ -324,16 +211,16 @@ def test_dht_value_is_measured_as_hivemind_serializes_it():
 
 
 def test_group_accessors_decode_the_bytes():
-    record = group()
+    record = make_group()
     assert record.prompt_tokens() == [4, 5, 6]
     assert record.completions[0].tokens() == [1, 2, 3]
     assert record.completions[1].behaviour_logprobs() == [-1.25, -1.25]
-    assert manifest().grpo()["staleness"] == {"tau_max": 4}
-    assert manifest().task.config() == {"digits": 3}
+    assert make_manifest().grpo()["staleness"] == {"tau_max": 4}
+    assert make_manifest().task.config() == {"digits": 3}
 
 
 def test_records_are_frozen():
-    record = heartbeat()
+    record = make_heartbeat()
     with pytest.raises(TypeError):
         record.throughput = 1.0
 
@@ -355,13 +242,13 @@ def _delete(name):
     return lambda data: data.pop(name)
 
 
-G = group
+G = make_group
 BAD = {
     # schema shape
     "extra field": (G, _set("surprise", 1)),
     "extra nested field": (G, _set("completions.0.surprise", b"")),
     "missing field": (G, _delete("created")),
-    "missing optional field": (metrics, _delete("exact_match")),
+    "missing optional field": (make_metrics, _delete("exact_match")),
     "missing protocol version": (G, _delete("protocol_version")),
     "only unknown fields": (G, lambda data: data.clear() or data.update({"x": [1]})),
     # strict types
@@ -371,9 +258,9 @@ BAD = {
     "int for float": (G, _set("created", 1700000000)),
     "str for bytes": (G, _set("prompt_ids", "abcd")),
     "bytes for str": (G, _set("producer", b"QmPeerA")),
-    "int for bool": (heartbeat, _set("reachable", 0)),
-    "int in float dict": (heartbeat, _set("stats.tokens", 1000)),
-    "float in int dict": (metrics, _set("groups_rejected.duplicate", 2.0)),
+    "int for bool": (make_heartbeat, _set("reachable", 0)),
+    "int in float dict": (make_heartbeat, _set("stats.tokens", 1000)),
+    "float in int dict": (make_metrics, _set("groups_rejected.duplicate", 2.0)),
     # protocol version
     "newer protocol": (G, _set("protocol_version", PROTOCOL_VERSION + 1)),
     "older protocol": (G, _set("protocol_version", PROTOCOL_VERSION - 1)),
@@ -389,21 +276,21 @@ BAD = {
     "empty completion": (G, _set("completions.0", {"token_ids": b"", "logprobs": b""})),
     "group of 1": (G, lambda d: d.update(completions=d["completions"][:1], rewards=d["rewards"][:1])),
     "group of 65": (G, lambda d: d.update(completions=d["completions"][:1] * 65, rewards=[0.5] * 65)),
-    "17 maddrs": (heartbeat, _set("maddrs", ["/ip4/1.2.3.4/tcp/1"] * 17)),
-    "long maddr": (heartbeat, _set("maddrs", ["/" + "x" * 256])),
-    "33 stats": (heartbeat, _set("stats", {f"s{i}": 1.0 for i in range(33)})),
-    "17 reject reasons": (metrics, _set("groups_rejected", {f"r{i}": 1 for i in range(17)})),
-    "33 providers": (adapter, _set("providers", [PEER_A + "a" * i for i in range(33)])),
-    "no providers": (pointer, _set("providers", [])),
+    "17 maddrs": (make_heartbeat, _set("maddrs", ["/ip4/1.2.3.4/tcp/1"] * 17)),
+    "long maddr": (make_heartbeat, _set("maddrs", ["/" + "x" * 256])),
+    "33 stats": (make_heartbeat, _set("stats", {f"s{i}": 1.0 for i in range(33)})),
+    "17 reject reasons": (make_metrics, _set("groups_rejected", {f"r{i}": 1 for i in range(17)})),
+    "33 providers": (make_adapter, _set("providers", [PEER_A + "a" * i for i in range(33)])),
+    "no providers": (make_pointer, _set("providers", [])),
     "65 model files": (
-        manifest,
+        make_manifest,
         _set("model.files", [{"path": f"f{i}", "sha256": SHA_A, "size": 1} for i in range(65)]),
     ),
-    "long task config": (manifest, _set("task.config_json", json.dumps({"x": "y" * 4096}))),
-    "long hardware": (heartbeat, _set("hardware", "x" * 129)),
-    "huge blob": (pointer, lambda d: d.update(kind="adapter", size=16 * 1024**3 + 1)),
-    "huge group blob": (pointer, _set("size", MAX_GROUP_BATCH_BYTES + 1)),
-    "zero-size adapter": (adapter, _set("size", 0)),
+    "long task config": (make_manifest, _set("task.config_json", json.dumps({"x": "y" * 4096}))),
+    "long hardware": (make_heartbeat, _set("hardware", "x" * 129)),
+    "huge blob": (make_pointer, lambda d: d.update(kind="adapter", size=16 * 1024**3 + 1)),
+    "huge group blob": (make_pointer, _set("size", MAX_GROUP_BATCH_BYTES + 1)),
+    "zero-size adapter": (make_adapter, _set("size", 0)),
     # log-probs and tokens
     "nan log-prob": (G, _set("completions.0.logprobs", encode_floats([-0.5, math.nan, -0.5]))),
     "inf log-prob": (G, _set("completions.0.logprobs", encode_floats([-0.5, -math.inf, -0.5]))),
@@ -421,42 +308,42 @@ BAD = {
     # hashes and ids
     "uppercase sha256": (G, _set("adapter_sha256", "A" * 64)),
     "short sha256": (G, _set("adapter_sha256", "a" * 63)),
-    "non-hex sha256": (adapter, _set("sha256", "g" * 64)),
-    "sha256 with newline": (adapter, _set("sha256", "a" * 64 + "\n")),
+    "non-hex sha256": (make_adapter, _set("sha256", "g" * 64)),
+    "sha256 with newline": (make_adapter, _set("sha256", "a" * 64 + "\n")),
     "peer id not base58": (G, _set("producer", "QmPeerl0")),
-    "peer id with space": (heartbeat, _set("peer_id", "Qm Peer")),
-    "duplicate providers": (adapter, _set("providers", [PEER_A, PEER_A])),
+    "peer id with space": (make_heartbeat, _set("peer_id", "Qm Peer")),
+    "duplicate providers": (make_adapter, _set("providers", [PEER_A, PEER_A])),
     # manifest paths and documents
-    "parent dir in path": (manifest, _set("model.files.0.path", "../evil")),
-    "parent dir inside path": (manifest, _set("model.files.0.path", "a/../../evil")),
-    "absolute path": (manifest, _set("model.files.0.path", "/etc/passwd")),
-    "backslash path": (manifest, _set("model.files.0.path", "..\\evil")),
-    "dot path": (manifest, _set("model.files.0.path", "./model.safetensors")),
-    "empty path component": (manifest, _set("model.files.0.path", "a//b")),
-    "duplicate paths": (manifest, _set("model.files.1.path", "model.safetensors")),
-    "no model files": (manifest, _set("model.files", [])),
-    "bad quantization": (manifest, _set("model.quantization", "fp4")),
-    "bad access": (manifest, _set("access", "secret")),
-    "json array config": (manifest, _set("grpo_json", "[1, 2]")),
-    "broken json": (manifest, _set("lora_json", "{")),
-    "json NaN": (manifest, _set("task.config_json", '{"x": NaN}')),
-    "bad manifest run id": (manifest, _set("run_id", "../run")),
+    "parent dir in path": (make_manifest, _set("model.files.0.path", "../evil")),
+    "parent dir inside path": (make_manifest, _set("model.files.0.path", "a/../../evil")),
+    "absolute path": (make_manifest, _set("model.files.0.path", "/etc/passwd")),
+    "backslash path": (make_manifest, _set("model.files.0.path", "..\\evil")),
+    "dot path": (make_manifest, _set("model.files.0.path", "./model.safetensors")),
+    "empty path component": (make_manifest, _set("model.files.0.path", "a//b")),
+    "duplicate paths": (make_manifest, _set("model.files.1.path", "model.safetensors")),
+    "no model files": (make_manifest, _set("model.files", [])),
+    "bad quantization": (make_manifest, _set("model.quantization", "fp4")),
+    "bad access": (make_manifest, _set("access", "secret")),
+    "json array config": (make_manifest, _set("grpo_json", "[1, 2]")),
+    "broken json": (make_manifest, _set("lora_json", "{")),
+    "json NaN": (make_manifest, _set("task.config_json", '{"x": NaN}')),
+    "bad manifest run id": (make_manifest, _set("run_id", "../run")),
     # cross-field rules
-    "unknown role": (heartbeat, _set("role", "admin")),
-    "unknown state": (heartbeat, _set("state", "dead")),
-    "version below -1": (heartbeat, _set("adapter_version", -2)),
-    "infinite throughput": (heartbeat, _set("throughput", math.inf)),
-    "seen before start": (heartbeat, _set("last_seen", 99.0)),
-    "v0 with parent": (adapter, lambda d: d.update(version=0)),
-    "v3 without parent": (adapter, _set("parent_sha256", "")),
-    "own parent": (adapter, _set("parent_sha256", SHA_A)),
-    "entry with both": (lambda: BucketEntry.of_group(G()), _set("pointer", pointer().dict())),
+    "unknown role": (make_heartbeat, _set("role", "admin")),
+    "unknown state": (make_heartbeat, _set("state", "dead")),
+    "version below -1": (make_heartbeat, _set("adapter_version", -2)),
+    "infinite throughput": (make_heartbeat, _set("throughput", math.inf)),
+    "seen before start": (make_heartbeat, _set("last_seen", 99.0)),
+    "v0 with parent": (make_adapter, lambda d: d.update(version=0)),
+    "v3 without parent": (make_adapter, _set("parent_sha256", "")),
+    "own parent": (make_adapter, _set("parent_sha256", SHA_A)),
+    "entry with both": (lambda: BucketEntry.of_group(G()), _set("pointer", make_pointer().dict())),
     "entry with neither": (lambda: BucketEntry.of_group(G()), _set("inline", None)),
     "entry version differs": (lambda: BucketEntry.of_group(G()), _set("version", 6)),
     "entry seq differs": (lambda: BucketEntry.of_group(G()), _set("seq", 3)),
-    "entry points to adapter": (lambda: BucketEntry.of_pointer(pointer(), 1, 1), _set("pointer.kind", "adapter")),
-    "exact match over 1": (metrics, _set("exact_match", 1.5)),
-    "negative count": (metrics, _set("groups_accepted", -1)),
+    "entry points to adapter": (lambda: BucketEntry.of_pointer(make_pointer(), 1, 1), _set("pointer.kind", "adapter")),
+    "exact match over 1": (make_metrics, _set("exact_match", 1.5)),
+    "negative count": (make_metrics, _set("groups_accepted", -1)),
     "int over 64 bits": (G, _set("task_seed", 2**63)),
 }
 
@@ -477,7 +364,8 @@ def test_malformed_records_are_refused(case):
 
 
 @pytest.mark.parametrize(
-    "data", [b"", b"\xc1", pack(group())[:-1], pack(group()) + b"\x00", msgpack.packb([1, 2]), b"\xd4\x40\x00"]
+    "data",
+    [b"", b"\xc1", pack(make_group())[:-1], pack(make_group()) + b"\x00", msgpack.packb([1, 2]), b"\xd4\x40\x00"],
 )
 def test_malformed_bytes_are_refused(data):
     with pytest.raises(RecordError):
@@ -506,13 +394,13 @@ def test_protocol_version_message_names_both_versions_and_says_upgrade():
 
 def test_construction_is_as_strict_as_parsing():
     with pytest.raises(pydantic.ValidationError):
-        heartbeat(throughput=1)
+        make_heartbeat(throughput=1)
     with pytest.raises(pydantic.ValidationError):
-        group(version=5.0)
+        make_group(version=5.0)
     with pytest.raises(pydantic.ValidationError, match="exactly one"):
         BucketEntry(version=1, seq=1, count=1, inline=None, pointer=None)
     with pytest.raises(pydantic.ValidationError, match="field required"):
-        ModelSpec(name="bundled", quantization="nf4", files=manifest().model.files)
+        ModelSpec(name="bundled", quantization="nf4", files=make_manifest().model.files)
 
 
 # ---------------------------------------------------------------------------------------------------- sizes
@@ -528,7 +416,9 @@ def test_check_value_size():
 
 
 def test_an_oversized_record_never_reaches_the_dht():
-    big = group(completions=[completion(MAX_COMPLETION_TOKENS)] * 16, rewards=[0.0] * 16)  # 16 x 1024 tokens: ~130 KB
+    big = make_group(
+        completions=[completion(MAX_COMPLETION_TOKENS)] * 16, rewards=[0.0] * 16
+    )  # 16 x 1024 tokens: ~130 KB
     dht = mock.Mock()
     with pytest.raises(RecordTooLarge, match="GroupRecord record is"):
         dht.store(keys.bucket_key("r", big.version), to_dht_value(big), expiration_time=time.time() + 60)
@@ -536,14 +426,14 @@ def test_an_oversized_record_never_reaches_the_dht():
     assert not fits_inline(big)
     with pytest.raises(pydantic.ValidationError, match="publish them as a blob"):
         BucketEntry.of_group(big)
-    assert len(pack(BucketEntry.of_pointer(pointer(size=len(pack(big))), big.version, big.seq))) < 1024
+    assert len(pack(BucketEntry.of_pointer(make_pointer(size=len(pack(big))), big.version, big.seq))) < 1024
 
 
 def test_the_inline_limit_is_exact_and_an_inline_entry_always_fits():
     completions = [completion(MAX_COMPLETION_TOKENS)] * 5
 
     def sized(prompt_tokens):
-        return group(prompt_ids=encode_tokens([3] * prompt_tokens), completions=completions, rewards=[0.5] * 5)
+        return make_group(prompt=[3] * prompt_tokens, completions=completions, rewards=[0.5] * 5)
 
     base = len(pack(sized(100)))
     largest = 100 + (MAX_INLINE_GROUP_BYTES - base) // 4
@@ -562,16 +452,16 @@ def test_worst_case_records_fit_the_dht():
     doc = json.dumps({"k": "v" * 4087})
     assert len(doc) == 4096
     worst = [
-        manifest(
+        make_manifest(
             model=ModelSpec(name="m" * 256, revision="r" * 128, quantization="int8", files=files),
             task=TaskSpec(name="t" * 128, config_json=doc),
             grpo_json=doc,
             lora_json=doc,
         ),
-        heartbeat(maddrs=["/" + "m" * 255] * 16, stats={f"{i:02d}" + "s" * 62: -1e300 for i in range(32)}),
-        adapter(providers=providers),
-        BucketEntry.of_pointer(pointer(providers=providers), 2**63 - 1, 2**63 - 1),
-        metrics(groups_rejected={f"{i:02d}" + "r" * 62: 2**63 - 1 for i in range(16)}),
+        make_heartbeat(maddrs=["/" + "m" * 255] * 16, stats={f"{i:02d}" + "s" * 62: -1e300 for i in range(32)}),
+        make_adapter(providers=providers),
+        BucketEntry.of_pointer(make_pointer(providers=providers), 2**63 - 1, 2**63 - 1),
+        make_metrics(groups_rejected={f"{i:02d}" + "r" * 62: 2**63 - 1 for i in range(16)}),
     ]
     for record in worst:
         to_dht_value(record)
@@ -579,8 +469,8 @@ def test_worst_case_records_fit_the_dht():
 
 def test_group_limits_match_the_documented_bounds():
     assert MAX_GROUP_SIZE == 64 and MAX_PROMPT_TOKENS == 2048 and MAX_COMPLETION_TOKENS == 1024
-    biggest = group(
-        prompt_ids=encode_tokens([1] * MAX_PROMPT_TOKENS),
+    biggest = make_group(
+        prompt=[1] * MAX_PROMPT_TOKENS,
         completions=[completion(MAX_COMPLETION_TOKENS)] * MAX_GROUP_SIZE,
         rewards=[1.0] * MAX_GROUP_SIZE,
     )

@@ -3,119 +3,30 @@
 import dataclasses
 import functools
 import pickle
-import time
 
 import pydantic.v1 as pydantic
 import pytest
 from hivemind.dht import DHT
 from hivemind.dht.crypto import RSASignatureValidator
-from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.p2p import PeerID
-from hivemind.utils.crypto import RSAPrivateKey
-from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import get_dht_time
 
 from peer.protocol import keys
 from peer.protocol.limits import BUCKET_RING
-from peer.protocol.records import (
-    BucketEntry,
-    Completion,
-    GroupRecord,
-    MetricsRecord,
-    PeerRecord,
-    encode_tokens,
-    from_dht_value,
-    to_dht_value,
-)
+from peer.protocol.records import BucketEntry, MetricsRecord, PeerRecord, from_dht_value, to_dht_value
 from peer.protocol.validators import GroupSubkey, OwnerSubkey, RunSchema, make_validators
 from peer.protocol.version import PROTOCOL_VERSION
+from tests.helpers.records import make_group, make_heartbeat, make_metrics
+from tests.helpers.signing import KEY_A, KEY_B, PUB_A, PUB_B, RUN, composite, forge, record, signed
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
-RUN = "run-v"
-KEY_A, KEY_B = RSAPrivateKey(), RSAPrivateKey()
-PUB_A, PUB_B = KEY_A.get_public_key().to_bytes(), KEY_B.get_public_key().to_bytes()
-
-
-def heartbeat(peer_id: str = "QmPeerA", **fields) -> PeerRecord:
-    values = dict(
-        peer_id=peer_id,
-        role="rollout",
-        adapter_version=2,
-        throughput=0.5,
-        hardware="cpu",
-        reachable=True,
-        maddrs=[],
-        started=1.0,
-        last_seen=2.0,
-        state="running",
-        stats={},
-    )
-    values.update(fields)
-    return PeerRecord(**values)
-
-
-def group(version: int = 3, seq: int = 0, producer: str = "QmPeerA") -> GroupRecord:
-    completion = Completion.of([1, 2], [-0.5, -0.25])
-    return GroupRecord(
-        version=version,
-        adapter_sha256="c" * 64,
-        producer=producer,
-        seq=seq,
-        task_seed=1,
-        task_index=seq,
-        prompt_ids=encode_tokens([7, 8, 9]),
-        completions=[completion, completion],
-        rewards=[0.0, 1.0],
-        created=3.0,
-    )
-
-
-def metrics(**fields) -> MetricsRecord:
-    values = dict(
-        learner="QmPeerA",
-        version=1,
-        groups_accepted=1,
-        groups_dropped_stale=0,
-        groups_rejected={},
-        staleness_mean=0.0,
-        staleness_max=0,
-        reward_mean=0.5,
-        exact_match=None,
-        step_seconds=1.0,
-        banned=[],
-        created=1.0,
-    )
-    values.update(fields)
-    return MetricsRecord(**values)
-
 
 # ---------------------------------------------------------------------------------------------------- offline
-
-
-def composite(private_key=KEY_A, run=RUN) -> CompositeValidator:
-    return CompositeValidator(make_validators(run, private_key))
-
-
-def record(key: str, subkey, value, expiration: float = 1e10) -> DHTRecord:
-    """The record hivemind builds for ``DHT.store(key, value, expiration, subkey=subkey)``, before signing."""
-    subkey_bytes = DHTProtocol.IS_REGULAR_VALUE if subkey is None else MSGPackSerializer.dumps(subkey)
-    return DHTRecord(DHTID.generate(source=key).to_bytes(), subkey_bytes, MSGPackSerializer.dumps(value), expiration)
-
-
-def signed(validator: CompositeValidator, rec: DHTRecord) -> DHTRecord:
-    return dataclasses.replace(rec, value=validator.sign_value(rec))
-
-
-def forge(rec: DHTRecord, signer: RSAPrivateKey) -> DHTRecord:
-    """``rec`` signed exactly as hivemind signs, but with ``signer`` whatever owner its subkey names."""
-    signature = signer.sign(MSGPackSerializer.dumps(dataclasses.astuple(rec)))
-    return dataclasses.replace(
-        rec, value=rec.value + RSASignatureValidator.SIGNATURE_FORMAT.replace(b"_value_", signature)
-    )
 
 
 def test_schema_covers_exactly_the_key_builders():
@@ -135,12 +46,12 @@ def test_our_subkeys_are_owner_signed_subkeys_to_hivemind():
 
 def test_valid_records_pass():
     validator = composite()
-    entry = BucketEntry.of_group(group(version=3, seq=4))
+    entry = BucketEntry.of_group(make_group(version=3, seq=4))
     assert validator.validate(
-        signed(validator, record(keys.peers_key(RUN), keys.owner_subkey(PUB_A), to_dht_value(heartbeat())))
+        signed(validator, record(keys.peers_key(RUN), keys.owner_subkey(PUB_A), to_dht_value(make_heartbeat())))
     )
     assert validator.validate(
-        signed(validator, record(keys.metrics_key(RUN), keys.owner_subkey(PUB_A), to_dht_value(metrics())))
+        signed(validator, record(keys.metrics_key(RUN), keys.owner_subkey(PUB_A), to_dht_value(make_metrics())))
     )
     good = record(keys.bucket_key(RUN, 3), keys.group_subkey(PUB_A, 3, 4), to_dht_value(entry))
     assert validator.validate(signed(validator, good))
@@ -156,7 +67,7 @@ def test_an_accepted_record_is_not_parsed_again_and_a_refused_one_always_is(monk
     monkeypatch.setattr(RunSchema, "parse_obj", classmethod(lambda cls, obj: parses.append(1) or real(cls, obj)))
 
     def entry(slot: int, seq: int) -> DHTRecord:  # group 3.seq in bucket slot ``slot``
-        value = to_dht_value(BucketEntry.of_group(group(version=3, seq=seq)))
+        value = to_dht_value(BucketEntry.of_group(make_group(version=3, seq=seq)))
         return signed(validator, record(keys.bucket_key(RUN, slot), keys.group_subkey(PUB_A, 3, seq), value))
 
     good, wrong_slot, other = entry(3, 4), entry(4, 4), entry(3, 5)
@@ -186,8 +97,8 @@ def test_an_accepted_record_is_not_parsed_again_and_a_refused_one_always_is(monk
 )
 def test_bad_records_are_refused(case):
     validator = composite()
-    entry = to_dht_value(BucketEntry.of_group(group(version=3, seq=4)))
-    beat = to_dht_value(heartbeat())
+    entry = to_dht_value(BucketEntry.of_group(make_group(version=3, seq=4)))
+    beat = to_dht_value(make_heartbeat())
     own, slot3 = keys.owner_subkey(PUB_A), keys.bucket_key(RUN, 3)
     rec = {
         "wrong slot": lambda: record(keys.bucket_key(RUN, 4), keys.group_subkey(PUB_A, 3, 4), entry),
@@ -209,7 +120,7 @@ def test_bad_records_are_refused(case):
 
 def test_only_the_owner_can_sign():
     validator = composite(KEY_B)
-    rec = record(keys.peers_key(RUN), keys.owner_subkey(PUB_B), to_dht_value(heartbeat("QmPeerB")))
+    rec = record(keys.peers_key(RUN), keys.owner_subkey(PUB_B), to_dht_value(make_heartbeat(peer_id="QmPeerB")))
     assert validator.validate(signed(validator, rec))
     assert validator.validate(forge(rec, KEY_B)), "forge() must sign like hivemind, or the next checks prove nothing"
     assert not validator.validate(forge(rec, KEY_A)), "a signature by another key was accepted"
@@ -230,7 +141,11 @@ def test_validators_survive_pickling_as_hivemind_does():
     copy = CompositeValidator(copy)
     good = signed(
         validator,
-        record(keys.bucket_key(RUN, 3), keys.group_subkey(PUB_A, 3, 0), to_dht_value(BucketEntry.of_group(group()))),
+        record(
+            keys.bucket_key(RUN, 3),
+            keys.group_subkey(PUB_A, 3, 0),
+            to_dht_value(BucketEntry.of_group(make_group(version=3, seq=0))),
+        ),
     )
     assert copy.validate(good)
     assert not copy.validate(dataclasses.replace(good, key=DHTID.generate(source=keys.bucket_key(RUN, 4)).to_bytes()))
@@ -253,18 +168,6 @@ def test_make_validators_checks_its_arguments():
 
 
 # ---------------------------------------------------------------------------------------------------- real DHTs
-
-
-def wait_until(condition, what: str, timeout: float = 15.0):
-    """Poll ``condition`` until it is truthy; after ``timeout`` s, fail naming ``what`` and the last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}; last saw {result!r}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -304,33 +207,33 @@ def entries(dht: DHT, key: str) -> dict:
 
 def test_a_peer_stores_its_own_signed_records_and_the_other_reads_them(swarm):
     a, b = swarm
-    beat = heartbeat(a.peer_id.to_base58())
+    beat = make_heartbeat(peer_id=a.peer_id.to_base58())
     assert a.store(keys.peers_key(RUN), to_dht_value(beat), get_dht_time() + 60, subkey=keys.owner_subkey(PUB_A))
-    entry = BucketEntry.of_group(group(version=3, seq=1, producer=a.peer_id.to_base58()))
+    entry = BucketEntry.of_group(make_group(version=3, seq=1, producer=a.peer_id.to_base58()))
     subkey = keys.group_subkey(PUB_A, 3, 1)
     assert a.store(keys.bucket_key(RUN, 3), to_dht_value(entry), get_dht_time() + 60, subkey=subkey)
 
-    seen = wait_until(lambda: entries(b, keys.peers_key(RUN)).get(keys.owner_subkey(PUB_A)), "A's heartbeat on B")
+    seen = wait_until(lambda: entries(b, keys.peers_key(RUN)).get(keys.owner_subkey(PUB_A)), "A's heartbeat on B", 15)
     assert from_dht_value(PeerRecord, seen[0]) == beat
-    seen = wait_until(lambda: entries(b, keys.bucket_key(RUN, 3 + BUCKET_RING)).get(subkey), "A's group on B")
+    seen = wait_until(lambda: entries(b, keys.bucket_key(RUN, 3 + BUCKET_RING)).get(subkey), "A's group on B", 15)
     parsed = from_dht_value(BucketEntry, seen[0])
-    assert parsed == entry and parsed.inline[0].completions[1].behaviour_logprobs() == [-0.5, -0.25]
+    assert parsed == entry and parsed.inline[0].completions[1].behaviour_logprobs() == [-1.25, -1.25]
 
 
 def test_a_bad_record_is_refused_and_never_visible(swarm):
     a, b = swarm
     key, subkey = keys.metrics_key(RUN), keys.owner_subkey(PUB_A)
-    bad = {**to_dht_value(metrics()), "groups_accepted": 1.0}
+    bad = {**to_dht_value(make_metrics()), "groups_accepted": 1.0}
     assert not a.store(key, bad, get_dht_time() + 60, subkey=subkey)
-    assert not a.store(key, to_dht_value(metrics()), get_dht_time() + 60)  # no subkey: not owner-signed
-    assert not a.store(f"{RUN}_unlisted", to_dht_value(metrics()), get_dht_time() + 60, subkey=subkey)
-    wrong_slot = to_dht_value(BucketEntry.of_group(group(version=5)))
+    assert not a.store(key, to_dht_value(make_metrics()), get_dht_time() + 60)  # no subkey: not owner-signed
+    assert not a.store(f"{RUN}_unlisted", to_dht_value(make_metrics()), get_dht_time() + 60, subkey=subkey)
+    wrong_slot = to_dht_value(BucketEntry.of_group(make_group(version=5, seq=0)))
     assert not a.store(keys.bucket_key(RUN, 4), wrong_slot, get_dht_time() + 60, subkey=keys.group_subkey(PUB_A, 5, 0))
 
     # a good record stored afterwards shows up, so the bad ones' absence is not just a slow read
-    good = metrics(groups_accepted=7)
+    good = make_metrics(groups_accepted=7)
     assert a.store(key, to_dht_value(good), get_dht_time() + 30, subkey=subkey)
-    seen = wait_until(lambda: entries(b, key).get(subkey), "A's metrics on B")
+    seen = wait_until(lambda: entries(b, key).get(subkey), "A's metrics on B", 15)
     assert from_dht_value(MetricsRecord, seen[0]) == good
     assert set(entries(b, key)) == {subkey}
     assert entries(b, f"{RUN}_unlisted") == {} and entries(a, f"{RUN}_unlisted") == {}
@@ -353,12 +256,12 @@ async def _store_forged(_dht, node, *, key, subkey, value, expiration_time, sign
 def test_a_forged_owner_is_refused_and_changes_nothing(swarm):
     a, b = swarm
     key, b_subkey = keys.peers_key(RUN), keys.owner_subkey(PUB_B)
-    original = heartbeat(b.peer_id.to_base58(), role="learner")
+    original = make_heartbeat(peer_id=b.peer_id.to_base58(), role="learner")
     expiration = get_dht_time() + 60
     assert b.store(key, to_dht_value(original), expiration, subkey=b_subkey)
-    wait_until(lambda: entries(a, key).get(b_subkey), "B's heartbeat on A")
+    wait_until(lambda: entries(a, key).get(b_subkey), "B's heartbeat on A", 15)
 
-    forged = to_dht_value(heartbeat(b.peer_id.to_base58(), role="learner", state="leaving"))
+    forged = to_dht_value(make_heartbeat(peer_id=b.peer_id.to_base58(), role="learner", state="leaving"))
     # through A's own DHT.store: A does not sign a subkey naming B, and every replica refuses the unsigned record
     assert not a.store(key, forged, expiration + 30, subkey=b_subkey)
     # straight to B, signed with A's key as hivemind would sign it: B checks the signature against B's key
@@ -368,7 +271,7 @@ def test_a_forged_owner_is_refused_and_changes_nothing(swarm):
     assert a.run_coroutine(functools.partial(send, subkey=b_subkey, signer=KEY_A)) == [False]
     # control: the same path with a subkey A owns is accepted, so the refusal above is the owner check
     a_subkey = keys.owner_subkey(PUB_A)
-    forged_own = to_dht_value(heartbeat(a.peer_id.to_base58(), adapter_version=9))
+    forged_own = to_dht_value(make_heartbeat(peer_id=a.peer_id.to_base58(), adapter_version=9))
     control = functools.partial(send, subkey=a_subkey, value=forged_own, signer=KEY_A)
     assert a.run_coroutine(control) == [True]
 

@@ -10,11 +10,11 @@ import torch
 
 from peer.model.sampling import Completions
 from peer.network.buckets import MemoryBucketStore
-from peer.protocol import Completion, GroupRecord, encode_tokens
 from peer.roles.rollout.publisher import Publisher, Sampled
+from tests.helpers.records import adapter_sha, make_group
 
 OWNER = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/owner=="
-SHA = hashlib.sha256(b"adapter v1").hexdigest()
+SHA = adapter_sha(1)
 
 
 class Store(MemoryBucketStore):
@@ -29,21 +29,6 @@ class Store(MemoryBucketStore):
         super().store_entries(entries)
 
 
-def group(seq: int, producer: str) -> GroupRecord:
-    return GroupRecord(
-        version=1,
-        adapter_sha256=SHA,
-        producer=producer,
-        seq=seq,
-        task_seed=7,
-        task_index=seq,
-        prompt_ids=encode_tokens([1, 5, 6]),
-        completions=[Completion.of([3, 4], [-0.5, -0.25]) for _ in range(2)],
-        rewards=[0.0, 1.0],
-        created=1700000000.5,
-    )
-
-
 def base58(text: str) -> str:
     """``text`` of digits and hex letters as a valid producer field (base58 has no 0)."""
     return text.replace("0", "z")
@@ -51,7 +36,7 @@ def base58(text: str) -> str:
 
 def pid_groups(sampled):
     """Scoring stand-in: one group per seq, named after the process that made it."""
-    return [group(seq, base58(f"pid{os.getpid()}")) for seq in sampled.seqs]
+    return [make_group(version=1, seq=seq, producer=base58(f"pid{os.getpid()}")) for seq in sampled.seqs]
 
 
 def sampled(seq0: int, n: int, batch=None) -> Sampled:
@@ -102,7 +87,7 @@ def test_a_sampled_batch_reaches_the_child_with_its_tensors_intact():
     expected = digest(batch)
 
     def echo(item):  # a digest of the tensors as the child got them, in the producer field
-        return [group(seq, digest(item.batch)) for seq in item.seqs]
+        return [make_group(version=1, seq=seq, producer=digest(item.batch)) for seq in item.seqs]
 
     store = Store()
     publisher = Publisher(store, 4, echo)
@@ -156,7 +141,7 @@ def test_groups_that_cannot_become_entries_are_counted_failed_and_publishing_goe
 
 
 def test_a_publisher_process_that_dies_is_a_clear_error_not_a_hang():
-    def slow(item):
+    def slow(item):  # scoring that is still busy when the child is killed
         time.sleep(30)
         return pid_groups(item)
 

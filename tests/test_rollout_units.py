@@ -35,7 +35,6 @@ from peer.protocol import (
     RecordError,
     TaskSpec,
     encode_floats,
-    encode_tokens,
     fits_inline,
     from_dht_value,
     key_fingerprint,
@@ -45,34 +44,24 @@ from peer.protocol import (
     unpack,
 )
 from peer.roles.learner.verify import REASONS, Refused, check_group, check_logprobs
-from peer.roles.rollout import peer as rollout
+from peer.roles.rollout.pacing import Backlog
 from peer.roles.rollout.peer import _SeqCounter, build_groups, recent_rate
 from peer.run.adapters import Announcement, newest_announcement
 from peer.run.basemodel import ModelSourceError, model_files, resolve_base
 from peer.run.spec import ManifestError, prompt_seed, run_spec
+from tests.helpers.records import PEER_ID, adapter_sha, changed, make_group
 
-PEER_ID = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
 PEER_B = "12D3KooWBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"
 PEER_C = "12D3KooWCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC"
 OWNER = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/owner=="
 OTHER = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/other=="
-SHA = hashlib.sha256(b"adapter v0").hexdigest()
+SHA = adapter_sha(0)
 SHA_X, SHA_Y, SHA_Z = "a" * 64, "b" * 64, "c" * 64
 
 
 def group(version: int, seq: int, tokens: int = 5) -> GroupRecord:
-    return GroupRecord(
-        version=version,
-        adapter_sha256=hashlib.sha256(b"adapter %d" % version).hexdigest(),
-        producer=PEER_ID,
-        seq=seq,
-        task_seed=7,
-        task_index=seq,
-        prompt_ids=encode_tokens([1, 5, 6, 7]),
-        completions=[Completion.of([3 + i % 10] * tokens, [-0.5] * tokens) for i in range(4)],
-        rewards=[float(i % 2) for i in range(4)],
-        created=1700000000.5,
-    )
+    """Group ``seq`` of ``version``: four completions of ``tokens`` tokens each."""
+    return make_group(version=version, seq=seq, completions=[[3 + i % 10] * tokens for i in range(4)])
 
 
 def ids_of(batches):
@@ -521,7 +510,7 @@ def test_a_false_reward_claim_is_refused(rollout_setup):
     g = r.groups[0]
     rewards = list(g.rewards)
     rewards[3] = 1.0 - rewards[3]
-    found = _refusal(r, GroupRecord(**{**g.dict(), "rewards": rewards}))
+    found = _refusal(r, changed(g, rewards=rewards))
     assert found.reason == "reward" and "completion 3" in found
 
 
@@ -530,10 +519,10 @@ def test_someone_elses_prompt_is_refused(rollout_setup):
     assert _refusal(r, r.groups[0], owner=OTHER).reason == "prompt"
     # the right seed and index but other prompt tokens
     g = r.groups[0]
-    swapped = GroupRecord(**{**g.dict(), "prompt_ids": r.groups[1].prompt_ids})
+    swapped = changed(g, prompt_ids=r.groups[1].prompt_ids)
     assert _refusal(r, swapped).reason == "prompt"
     # another seq's example under this seq
-    moved = GroupRecord(**{**g.dict(), "task_index": g.seq + 1})
+    moved = changed(g, task_index=g.seq + 1)
     assert _refusal(r, moved).reason == "prompt"
 
 
@@ -547,7 +536,7 @@ def test_an_unknown_adapter_version_is_refused(rollout_setup):
 def test_the_wrong_group_size_is_refused(rollout_setup):
     r = rollout_setup
     g = r.groups[0]
-    fewer = GroupRecord(**{**g.dict(), "completions": g.completions[:-1], "rewards": g.rewards[:-1]})
+    fewer = changed(g, completions=g.completions[:-1], rewards=g.rewards[:-1])
     found = _refusal(r, fewer)
     assert found.reason == "shape" and f"{r.spec.sampling.group_size - 1} completions" in found
 
@@ -557,9 +546,9 @@ def test_long_completions_and_foreign_tokens_are_refused(rollout_setup):
     g = r.groups[0]
     n = r.spec.sampling.max_new_tokens + 1
     long = [Completion.of([5] * n, [-0.1] * n)] + list(g.completions[1:])
-    assert _refusal(r, GroupRecord(**{**g.dict(), "completions": long})).reason == "shape"
+    assert _refusal(r, changed(g, completions=long)).reason == "shape"
     foreign = [Completion.of([len(r.tokenizer)], [-0.1])] + list(g.completions[1:])
-    assert _refusal(r, GroupRecord(**{**g.dict(), "completions": foreign})).reason == "vocabulary"
+    assert _refusal(r, changed(g, completions=foreign)).reason == "vocabulary"
 
 
 def test_behaviour_logprobs_are_spot_checked(rollout_setup):
@@ -570,7 +559,7 @@ def test_behaviour_logprobs_are_spot_checked(rollout_setup):
     forged = [
         Completion(token_ids=c.token_ids, logprobs=encode_floats([-0.01] * len(c.tokens()))) for c in g.completions
     ]
-    found = check_logprobs(r.model, GroupRecord(**{**g.dict(), "completions": forged}), r.spec, tolerance=1e-3)
+    found = check_logprobs(r.model, changed(g, completions=forged), r.spec, tolerance=1e-3)
     assert isinstance(found, Refused) and found.reason == "logprobs"
 
 
@@ -610,7 +599,7 @@ def test_the_backlog_never_counts_fewer_than_this_peers_own_groups():
         def count(self, lo, hi):
             return 4
 
-    backlog = rollout._Backlog(Store(), interval=3600.0)
+    backlog = Backlog(Store(), interval=3600.0)
     backlog.enqueued(2, 8)
     backlog.count_now(2)
     assert backlog.estimate(2) == 8, "the count taken mid-publication must not undercount this peer's groups"

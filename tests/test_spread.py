@@ -3,6 +3,7 @@ them; ``--max-upload`` caps what a server sends; holder records are bounded and 
 first and waits out "seeded" answers. Real P2P daemons in this process for the wire, pure logic for the rest."""
 
 import asyncio
+import functools
 import os
 import time
 from types import SimpleNamespace
@@ -17,8 +18,9 @@ from peer.protocol import HolderRecord, holders_key, owner_subkey, to_dht_value
 from peer.protocol.limits import HOLDER_RING
 from peer.run import adapters
 from peer.run.adapters import Announcement, fetch_adapter, fetch_version
-from tests.dict_swarm import DictSwarm
-from tests.test_blobs_limits import with_peers
+from tests.helpers.dict_swarm import DictSwarm
+from tests.helpers.p2p import with_peers
+from tests.helpers.waiting import wait_until
 
 SHA = "ab" * 32
 
@@ -383,6 +385,19 @@ def test_a_follower_lists_itself_after_a_fetch_while_few_holders_are_listed(peer
 # --- a real swarm: one announcer, four followers, each a DHT process of its own ---------------------------------
 
 
+def _held_everywhere(pending: list, version: int, blob: bytes) -> bool:
+    """One look at each follower in ``pending`` (swarm, service, follower): what it has ready it takes and holds,
+    as a peer does; one that got ``version`` (whose bytes must be ``blob``) leaves ``pending``. True once empty."""
+    for item in list(pending):
+        ready = item[2].take()
+        if ready is not None:
+            item[2].mark_held(ready[0].version, ready[0].sha256)
+            if ready[0].version == version:
+                assert ready[1] == blob
+                pending.remove(item)
+    return not pending
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_in_a_swarm_the_announcer_sends_each_version_twice_and_the_followers_pass_it_on(tmp_path):
@@ -410,18 +425,8 @@ def test_in_a_swarm_the_announcer_sends_each_version_twice_and_the_followers_pas
         for version, blob in enumerate(blobs, start=1):
             parent = shas[version - 2] if version > 1 else "0" * 64
             announce_adapter(learner, served, version, blob, parent)
-            deadline = time.monotonic() + 60
-            pending = list(followers)
-            while pending:
-                assert time.monotonic() < deadline, f"v{version} did not reach every follower within 60 s"
-                for item in list(pending):
-                    ready = item[2].take()
-                    if ready is not None:
-                        item[2].mark_held(ready[0].version, ready[0].sha256)
-                        if ready[0].version == version:
-                            assert ready[1] == blob
-                            pending.remove(item)
-                time.sleep(0.05)
+            reached = functools.partial(_held_everywhere, list(followers), version, blob)
+            wait_until(reached, f"v{version} at every follower", 60, interval=0.05)
         assert served.served_bytes <= 2 * size * len(blobs), "the learner sent a version more than twice"
         passed_on = sum(service.served_bytes for _, service, _ in followers)
         assert passed_on >= (4 - 2) * size * len(blobs), "the followers did not pass the versions on"

@@ -9,9 +9,8 @@ from rich.console import Console
 
 from peer.protocol import PeerRecord, key_fingerprint
 from peer.status import SILENT_AFTER, render, summarize
-from tests.test_status_units import manifest
+from tests.helpers.status import NOW, status_manifest
 
-NOW = 1_000_000.0
 NAMES = ("host", "lead", "helper", "solo", "r1")
 KEYS = {name: f"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/status-{name}==".encode() for name in NAMES}
 FP = {name: key_fingerprint(key) for name, key in KEYS.items()}
@@ -36,7 +35,9 @@ def beat(name: str, role: str, *, stats=None, seen: float = 1.0, state: str = "r
 
 
 def status(*peers) -> dict:
-    return summarize("run-s", [beat("host", "coordinator"), *peers], [], [], [(KEYS["host"], manifest())], now=NOW)
+    return summarize(
+        "run-s", [beat("host", "coordinator"), *peers], [], [], [(KEYS["host"], status_manifest())], now=NOW
+    )
 
 
 def row(s: dict, name: str) -> dict:

@@ -14,21 +14,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from coordinator.web import StatusHistory, WebServer, point_of, prometheus
 from peer.protocol import (
     AdapterRecord,
-    ManifestRecord,
     MetricsRecord,
-    ModelFile,
-    ModelSpec,
     PeerRecord,
     PeerTally,
     RecordError,
-    TaskSpec,
     key_fingerprint,
     to_dht_value,
 )
 from peer.protocol.limits import MAX_DHT_VALUE_BYTES, MAX_HISTORY, MAX_TALLIED
 from peer.status import SILENT_AFTER, human_bytes, render, sparkline, summarize
+from tests.helpers.status import NOW, status_manifest
 
-NOW = 1_000_000.0
 KEYS = {name: RSAPrivateKey().get_public_key().to_bytes() for name in ("host", "learner", "r1", "r2", "other")}
 FP = {name: key_fingerprint(key) for name, key in KEYS.items()}
 ID = {"host": "QmHost", "learner": "QmLearner", "r1": "QmR1", "r2": "QmR2", "other": "QmZ9"}  # base58 ids
@@ -86,24 +82,6 @@ def metrics(version: int, **fields) -> MetricsRecord:
     return MetricsRecord(**values)
 
 
-def manifest(run_id: str = "run-s", group_size: int = 8) -> ManifestRecord:
-    grpo = {"sampling": {"group_size": group_size}, "staleness": {"tau_max": 4}, "groups_per_version": 16}
-    return ManifestRecord(
-        run_id=run_id,
-        created=NOW - 200,
-        access="public",
-        seed=0,
-        model=ModelSpec(
-            name="bundled", revision=None, quantization="nf4", files=[ModelFile(path="m", sha256="d" * 64, size=1)]
-        ),
-        task=TaskSpec(name="addition", config_json="{}"),
-        grpo_json=json.dumps(grpo),
-        lora_json="{}",
-        adapter0_sha256="a" * 64,
-        coordinator="QmHost",
-    )
-
-
 def adapter(version: int) -> AdapterRecord:
     return AdapterRecord(
         version=version,
@@ -122,7 +100,7 @@ def swarm_status(**overrides) -> dict:
         peers=[beat("host", "coordinator", version=0), beat("learner", "learner", version=7), beat("r1", "rollout")],
         metrics=[(KEYS["learner"], metrics(7))],
         adapters=[(KEYS["learner"], adapter(7))],
-        manifests=[(KEYS["host"], manifest())],
+        manifests=[(KEYS["host"], status_manifest())],
     )
     args.update(overrides)
     return summarize("run-s", args["peers"], args["metrics"], args["adapters"], args["manifests"], now=NOW)
@@ -176,14 +154,14 @@ def test_without_any_learner_record_the_version_is_the_announced_one_or_minus_on
 
 
 def test_the_manifest_is_the_named_coordinators_or_the_heartbeating_coordinators_never_a_guess():
-    two = [(KEYS["host"], manifest()), (KEYS["other"], manifest(group_size=4))]
+    two = [(KEYS["host"], status_manifest()), (KEYS["other"], status_manifest(group_size=4))]
     assert swarm_status(manifests=two)["manifest"]["coordinator"] == FP["host"], "the one heartbeating as coordinator"
     s = swarm_status(manifests=two, peers=[beat("r1", "rollout")])
     assert s["manifest"] is None and "pass --coordinator" in s["problems"][0]
     assert s["peers"][0]["groups_per_s"] is None, "no G known: no groups/s invented"
     s = summarize("run-s", [], [], [], two, coordinator=FP["other"], now=NOW)
     assert s["manifest"]["group_size"] == 4
-    assert swarm_status(manifests=[(KEYS["host"], manifest(run_id="elsewhere"))])["manifest"] is None
+    assert swarm_status(manifests=[(KEYS["host"], status_manifest(run_id="elsewhere"))])["manifest"] is None
 
 
 def test_render_shows_the_run_the_peers_and_the_bans():

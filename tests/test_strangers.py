@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.swarm_helpers import join_args, learn_args, read_ledger, start_host, status, wait_until
+from tests.helpers.swarm import join_args, learn_args, read_ledger, start_host, status
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -3,64 +3,51 @@
 import contextlib
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.records import make_group
+from tests.helpers.swarm import know_each_other
+from tests.helpers.waiting import wait_until
+
 PEER = Path(__file__).parent / "procs" / "bucket_peer.py"
 pytestmark = pytest.mark.integration
 
 
-def wait_for(path: Path, procs, timeout: float = 120.0) -> dict:
-    deadline = time.time() + timeout
-    while not path.exists():
-        for p in procs:
-            if p.poll() is not None:
-                raise AssertionError(
-                    f"a peer exited with {p.returncode} before {path.name} appeared:\n"
-                    f"{p.stderr.read()[-3000:] if p.stderr else ''}"
-                )
-        if time.time() > deadline:
-            raise AssertionError(f"{path.name} did not appear within {timeout}s")
-        time.sleep(0.1)
+def wait_for(path: Path, peers, timeout: float = 120.0) -> dict:
+    """The JSON a peer writes to ``path``, once it is there."""
+    wait_until(path.exists, path.name, timeout, peers)
     return json.loads(path.read_text())
 
 
 @pytest.fixture
-def peers(tmp_path):
-    procs = []
+def peers(procs, tmp_path):
+    """``start(name, *args)`` runs a bucket peer; at the end DIR/stop lets them all shut down cleanly."""
+    started = []
 
     def start(name, *args):
-        p = subprocess.Popen(
-            [sys.executable, str(PEER), str(tmp_path), name, *args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(p)
-        return p
+        started.append(procs.start_argv(name, [str(PEER), str(tmp_path), name, *args]))
+        return started[-1]
 
     try:
-        yield start, procs, tmp_path
+        yield start, started, tmp_path
     finally:
         (tmp_path / "stop").touch()
-        for p in procs:
-            try:
+        for p in started:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # the procs fixture ends it
                 p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 @pytest.mark.timeout(240)
 def test_three_peers_see_each_others_groups_and_refuse_a_liars_records(peers):
     start, procs, d = peers
-    start("a", "--groups", "3", "--big", "1", "--expect", "3")
+    expect = ("--expect", "3", "--expect-groups", str(3 * 3 + 1))  # three peers' 3 groups, and a's big one
+    start("a", "--groups", "3", "--big", "1", *expect)
     a = wait_for(d / "a.addr", procs)
     for name in ("b", "c"):
-        start(name, "--initial-peers", *a["maddrs"], "--groups", "3", "--expect", "3")
+        start(name, "--initial-peers", *a["maddrs"], "--groups", "3", *expect)
     addrs = {n: wait_for(d / f"{n}.addr", procs) for n in ("b", "c")} | {"a": a}
     start("liar", "--liar", "--initial-peers", *a["maddrs"], "--forge", a["owner"])
     liar = wait_for(d / "liar.json", procs)
@@ -90,13 +77,22 @@ def test_in_a_swarm_wider_than_the_narrow_search_every_peer_still_sees_every_gro
     sees the 30 groups all of them published once the swarm had formed."""
     start, procs, d = peers
     names = [f"p{i}" for i in range(10)]
-    flags = ("--groups", "3", "--expect", "10", "--wide-every", "inf", "--wait-go")
+    flags = ("--groups", "3", "--expect", "10", "--expect-groups", "30", "--wide-every", "inf", "--wait-go")
     start(names[0], *flags)
     first = wait_for(d / "p0.addr", procs)
     for name in names[1:]:
         start(name, "--initial-peers", *first["maddrs"], *flags)
     addrs = {n: wait_for(d / f"{n}.addr", procs, timeout=180) for n in names}
-    time.sleep(2.0)  # let the last joiners' routing tables fill
+    ids = {addrs[n]["peer_id"] for n in names}
+
+    def full_mesh() -> bool:  # every peer has every other in its routing table: the swarm has formed
+        tables = {n: d / f"{n}.table" for n in names}
+        return all(
+            path.exists() and ids - {addrs[n]["peer_id"]} <= set(json.loads(path.read_text()))
+            for n, path in tables.items()
+        )
+
+    wait_until(full_mesh, "every peer in every routing table", 60, procs)
     (d / "go").touch()
     reports = {n: wait_for(d / f"{n}.json", procs, timeout=180) for n in names}
 
@@ -142,10 +138,7 @@ def test_client_mode_peer_reads_and_writes_through_a_full_peer():
             assert client.dht.client_mode
             beat = Heartbeat(client, "learner", interval=0.5).start()
             try:
-                deadline = time.time() + 20
-                while not live_peers(full, role="learner") and time.time() < deadline:
-                    time.sleep(0.1)
-                [seen] = live_peers(full, role="learner")
+                [seen] = wait_until(lambda: live_peers(full, role="learner"), "the client's heartbeat", 20)
                 assert seen.record.peer_id == str(client.peer_id) and seen.record.reachable is False
                 assert seen.owner == client.public_key
             finally:
@@ -188,20 +181,8 @@ def test_large_records_stored_from_many_threads_at_once_keep_the_dht_alive():
 
 
 def _group(peer_id: str, version: int, seq: int, tokens: int = 5):
-    from peer.protocol import Completion, GroupRecord, encode_tokens
-
-    return GroupRecord(
-        version=version,
-        adapter_sha256="ab" * 32,
-        producer=peer_id,
-        seq=seq,
-        task_seed=1,
-        task_index=seq,
-        prompt_ids=encode_tokens([1, 2, 3]),
-        completions=[Completion.of([4] * tokens, [-0.5] * tokens) for _ in range(8)],
-        rewards=[0.0, 1.0] * 4,
-        created=time.time(),
-    )
+    """Group ``seq`` of ``version`` by ``peer_id``: eight completions of ``tokens`` tokens each."""
+    return make_group(version=version, seq=seq, producer=peer_id, completions=[[4] * tokens] * 8, created=time.time())
 
 
 async def _lookups(_dht, node) -> int:
@@ -234,7 +215,7 @@ def test_narrow_stores_look_a_key_up_once_and_again_after_a_replica_stops_answer
         b, c, d = (stack.enter_context(join(NetworkConfig.loopback(a.visible_maddrs()), "run")) for _ in range(3))
         e = join(NetworkConfig.loopback(a.visible_maddrs()), "run")
         try:
-            time.sleep(1.0)  # let the last joiner reach every routing table
+            wait_until(lambda: know_each_other([a, b, c, d, e]), "every peer in every routing table", 30)
             key, start = bucket_key("run", 0), b.dht.run_coroutine(_lookups)
             assert all(store(0, seq) for seq in range(3))
             assert b.dht.run_coroutine(_lookups) == start + 1, "one lookup for three stores to one key"
@@ -263,8 +244,10 @@ def test_a_pushed_entry_reaches_a_reader_that_is_no_replica_and_a_bad_one_is_ref
 
     with contextlib.ExitStack() as stack:
         a = stack.enter_context(join(NetworkConfig.loopback(), "run"))
-        w, r, *_ = (stack.enter_context(join(NetworkConfig.loopback(a.visible_maddrs()), "run")) for _ in range(6))
-        time.sleep(1.0)
+        w, r, *others = (
+            stack.enter_context(join(NetworkConfig.loopback(a.visible_maddrs()), "run")) for _ in range(6)
+        )
+        wait_until(lambda: know_each_other([a, w, r, *others]), "every peer in every routing table", 30)
 
         def store(version: int, seq: int, also=(), value=None) -> bool:
             entry = value or to_dht_value(BucketEntry.of_groups([_group(str(w.peer_id), version, seq)]))
@@ -281,10 +264,7 @@ def test_a_pushed_entry_reaches_a_reader_that_is_no_replica_and_a_bad_one_is_ref
         assert len(r.get_dict(key, narrow=True)) == 1, "the replicas have it"
         assert not store(version, 1, to_r, value={"inline": "not a bucket entry"})
         assert store(version, 2, to_r)
-        deadline = time.time() + 10
-        while len(r.local_dict(key)) < 1 and time.time() < deadline:
-            time.sleep(0.05)
-        held = r.local_dict(key)
+        held = wait_until(lambda: r.local_dict(key), "the pushed entry in the reader's own node", 10)
         assert [group_subkey(w.public_key, version, 2)] == list(held), "the pushed entry and only it"
         got = BucketEntry.parse_obj(held[group_subkey(w.public_key, version, 2)].value)
         assert [g.seq for g in got.inline] == [2]
@@ -302,10 +282,7 @@ def test_learners_others_can_reach_are_named_for_pushes_not_client_mode_ones():
         beats.append(Heartbeat(full, "learner", interval=0.5).start())
         try:
             reachable = Reachable(full, "learner", every=0.0)
-            deadline = time.time() + 20
-            while reachable() != (str(learner.peer_id),):
-                assert time.time() < deadline, f"named {reachable()}"
-                time.sleep(0.1)
+            wait_until(lambda: reachable() == (str(learner.peer_id),), "only the reachable learner named", 20)
             assert Reachable(learner, "learner", every=0.0)() == (str(full.peer_id),), "never itself"
         finally:
             for beat in beats:

@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from peer.metrics import LEARNER_METRICS, ROLLOUT_METRICS
 from peer.model.peft_folder import read_adapter
-from tests.swarm_helpers import join_args, learn_args, read_ledger, start_host, wait_until
+from tests.helpers.swarm import join_args, learn_args, read_ledger, start_host
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

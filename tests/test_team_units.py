@@ -26,15 +26,16 @@ import torch
 from peer.network import rpc
 from peer.network.blobs.wire import ProtocolError
 from peer.roles.learner.intake import Intake
+from peer.roles.learner.record import VersionRecord
 from peer.roles.learner.team import lead as team
 from peer.roles.learner.team import messages
+from tests.helpers.p2p import P2P_KW
 
 LEADER = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
 HELPER = "12D3KooWGRUVh7ZeEyWQQ5J3iWm2QnWvJCnTJ1Nmqv3pCd7P2Nf1"
 SHA0 = hashlib.sha256(b"v0").hexdigest()
 SHA1 = hashlib.sha256(b"v1").hexdigest()
 X, Y = b"signer-x-public-key", b"signer-y-public-key"
-P2P_KW = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False, use_auto_relay=False)
 
 
 def step(version=1, sha=SHA1, parent=SHA0, **changes) -> dict:
@@ -395,44 +396,49 @@ def test_an_adamw_state_that_does_not_fit_is_refused():
 
 @pytest.fixture(scope="module")
 def run():
-    from tests.intake_helpers import sample_run
+    from tests.helpers.intake import sample_run
 
     return sample_run({X: 8})
 
 
 def _helper(run, optimizer):
-    """A Teamwork helping LEADER, on a stand-in learner holding ``run.model`` at v0 (sha SHA0)."""
+    """A Teamwork helping LEADER, on a stand-in learner holding ``run.model`` at v0 (sha SHA0): its lineage state is
+    a real :class:`LearnerState`, the rest (network, journal, announcements) stand-ins."""
+    from peer.roles.learner.state import LearnerState
     from peer.roles.learner.team.member import Teamwork
 
     advanced = []
     intake = Intake(run.spec, run.tokenizer, batch=4)
     intake.banned[Y] = "replay: its own ban"
-    session = SimpleNamespace(model=run.model, version=0, sha=SHA0, blob=b"", swapped=[])
+    cache = SimpleNamespace(remove=lambda sha: None)
+    session = SimpleNamespace(
+        model=run.model, spec=run.spec, blobs=SimpleNamespace(cache=cache), version=0, sha=SHA0, blob=b"", parent=""
+    )
+    session.swapped = []
 
     def swap(version, sha, blob):
         session.swapped.append(version)
         session.version, session.sha, session.blob = version, sha, blob
 
-    def advance(parent, sha, blob, record, metrics, delta):
-        advanced.append(delta)
-        session.version, session.sha = session.version + 1, sha
-
     session.swap = swap
+    learner_state = LearnerState(session, optimizer, intake)
+
+    def advance(parent, sha, blob, record, metrics, delta, ledger_line=None):
+        advanced.append(delta)
+        learner_state.advance(parent, sha, blob)
+
     peer = SimpleNamespace(
         session=session,
-        optimizer=optimizer,
+        state=learner_state,
         intake=intake,
         advance=advance,
-        window={},
-        remember=lambda v, s: None,
+        adopt=learner_state.adopt,
         announcer=SimpleNamespace(submit=lambda *a: None),
         config=SimpleNamespace(checkpoint_dir=None, check_rate=0.0),
         stop_fetcher=lambda: None,
         start_fetcher=lambda: None,
         beat=lambda: None,
         pad_id=lambda: run.tokenizer.pad_token_id,
-        bans_recorded=0,
-        parent_sha="",
         credit_merges=[],
     )
     peer.merge_credit = lambda: peer.credit_merges.append(session.version)
@@ -458,7 +464,9 @@ def test_a_helper_keeps_the_leaders_used_seqs_reports_its_bans_and_forgets_them_
     tw, advanced = _helper(run, torch.optim.AdamW(params, lr=2e-3))
     sha = sha256_hex(blob)
     answer = {"steps": [step(sha=sha, size=len(blob), grads=tensors_to_bytes(applied))], "members": [LEADER, HELPER]}
-    answer["steps"][0]["record"] = {"version": 1, "sha256": sha}
+    record = VersionRecord(1, sha, SHA0, time=1.0, groups=4, staleness_mean=0.0, staleness_max=0, reward_mean=0.5,
+                           step_seconds=0.1, stats={"loss": 0.1})  # fmt: skip
+    answer["steps"][0]["record"] = record.to_json()
     tw.client = SimpleNamespace(work=lambda *a, **k: messages.parse_work_answer(answer))
     tw._synced = True
     try:
@@ -505,8 +513,9 @@ def test_a_helper_takes_a_leaders_state_without_its_bans_and_refuses_one_that_do
             tw._adopt_state(answer["state"])
             assert (tw.peer.session.swapped == [7]) is adopted and tw._synced is adopted
         intake = tw.peer.intake
-        assert tw.peer.optimizer.param_groups[0]["lr"] == 2e-3, "its own learning rate"
-        assert torch.equal(tw.peer.optimizer.state[params[0]]["exp_avg"], leader_optimizer.state[params[0]]["exp_avg"])
+        optimizer = tw.peer.state.optimizer
+        assert optimizer.param_groups[0]["lr"] == 2e-3, "its own learning rate"
+        assert torch.equal(optimizer.state[params[0]]["exp_avg"], leader_optimizer.state[params[0]]["exp_avg"])
         assert dict(intake.used[X]) == {9: 6} and X not in intake.banned
         assert intake.banned == {Y: "replay: its own ban"} and set(tw.leader_bans) == {X.hex(), Y.hex()}
     finally:

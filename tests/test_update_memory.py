@@ -17,7 +17,7 @@ from peer.roles.learner.update import (
     micro_batches,
     share_gradient,
 )
-from tests.intake_helpers import PEER_ID, SHA0, A
+from tests.helpers.intake import PEER_ID, SHA0, A
 
 # max |micro - whole| over a tensor, relative to that tensor's largest |whole|. In fp32 on nf4 the sums' order alone
 # moves it: the whole batch with its rows permuted differed by 9.6e-7, one row per micro-batch by 2.8e-5. In float64

@@ -8,6 +8,7 @@ import torch
 
 from peer.roles.learner.verify import LogprobCheck, check_logprobs, check_logprobs_many
 from tests.benchmarks import verification as bench
+from tests.helpers.records import changed
 
 torch.set_num_threads(1)
 
@@ -53,13 +54,10 @@ def test_forged_logprobs_are_refused(run, how, least):
 
 def test_claims_of_certainty_are_refused(run):
     spec, verifier, _, groups = run
-    from peer.protocol import Completion, GroupRecord
+    from peer.protocol import Completion
 
-    certain = GroupRecord(
-        **{
-            **groups[0].dict(),
-            "completions": [Completion.of(c.tokens(), [0.0] * len(c.tokens())) for c in groups[0].completions],
-        }
+    certain = changed(
+        groups[0], completions=[Completion.of(c.tokens(), [0.0] * len(c.tokens())) for c in groups[0].completions]
     )
     refused = check_logprobs(verifier, certain, spec)
     assert refused is not None and refused.reason == "logprobs"

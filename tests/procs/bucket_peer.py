@@ -1,17 +1,18 @@
 """A real swarm peer for multi-process tests: joins, publishes groups, heartbeats, and reports what it sees.
 
 Usage: python tests/procs/bucket_peer.py DIR NAME [--initial-peers MADDR ...] [--groups N] [--expect N]
-[--big N] [--liar] [--wide-every S] [--wait-go]. Writes DIR/NAME.addr (its multiaddrs) once joined and
-DIR/NAME.json once it has seen groups from ``--expect`` owners, then waits for DIR/stop and shuts down cleanly.
+[--expect-groups N] [--big N] [--liar] [--wide-every S] [--wait-go]. Writes DIR/NAME.addr (its multiaddrs) once
+joined and DIR/NAME.json once it has seen groups from ``--expect`` owners (and ``--expect-groups`` groups in all),
+then waits for DIR/stop and shuts down cleanly.
 ``--big`` publishes that many groups too large for the DHT (they travel as blobs). ``--liar`` runs a DHT
 *without* the run's validators and stores a wrong-schema entry and an entry under another peer's owner subkey, to
 check that honest peers refuse them.
 ``--wide-every`` sets how often its bucket reads search wide (``inf``: narrow reads only); ``--wait-go`` publishes
-only once DIR/go exists (the test creates it when every peer has joined).
+only once DIR/go exists, and until then keeps the peer ids of its routing table in DIR/NAME.table (the test
+creates DIR/go once every peer has every other in its table).
 """
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -25,22 +26,19 @@ RUN = "procs-run"
 
 
 def make_group(peer_id: str, version: int, seq: int, completion_tokens: int = 5):
-    from peer.protocol import Completion, GroupRecord, encode_tokens
+    """Eight completions of ``completion_tokens`` tokens; the first one's token is ``3 + seq % 10`` (the test reads
+    it back to tell whose group arrived)."""
+    from tests.helpers.records import make_group
 
-    return GroupRecord(
-        version=version,
-        adapter_sha256=hashlib.sha256(b"adapter %d" % version).hexdigest(),
-        producer=peer_id,
-        seq=seq,
-        task_seed=7,
-        task_index=seq,
-        prompt_ids=encode_tokens([1, 5, 6, 7, 14, 8, 9, 10, 15]),
-        completions=[
-            Completion.of([3 + (i + seq) % 10] * completion_tokens, [-0.5] * completion_tokens) for i in range(8)
-        ],
-        rewards=[float(i % 2) for i in range(8)],
-        created=time.time(),
-    )
+    completions = [[3 + (i + seq) % 10] * completion_tokens for i in range(8)]
+    return make_group(version=version, seq=seq, producer=peer_id, completions=completions, created=time.time())
+
+
+def write_json(path: Path, value) -> None:
+    """Write ``path`` whole or not at all (the test polls for it)."""
+    part = path.with_name(path.name + ".tmp")
+    part.write_text(json.dumps(value))
+    part.rename(path)
 
 
 def main():
@@ -51,6 +49,7 @@ def main():
     parser.add_argument("--groups", type=int, default=3)
     parser.add_argument("--big", type=int, default=0)
     parser.add_argument("--expect", type=int, default=1)
+    parser.add_argument("--expect-groups", type=int, default=0, help="report once this many groups are seen")
     parser.add_argument("--forge", default=None, help="owner key (hex) whose subkey the liar writes under")
     parser.add_argument("--liar", action="store_true")
     parser.add_argument("--wide-every", type=float, default=5.0)
@@ -64,21 +63,19 @@ def main():
     from peer.network.buckets import DHTBucketStore
     from peer.network.heartbeat import Heartbeat, live_peers
     from peer.network.swarm import NetworkConfig, join
+    from tests.helpers.swarm import routing_table
 
     swarm = join(NetworkConfig.loopback(args.initial_peers), RUN)
     blobs = BlobService(swarm.dht, BlobCache(out / f"{args.name}-blobs"))
     try:
         heartbeat = Heartbeat(swarm, "rollout", interval=1.0).start()
-        (out / f"{args.name}.addr.tmp").write_text(
-            json.dumps(
-                {"maddrs": swarm.visible_maddrs(), "owner": swarm.public_key.hex(), "peer_id": str(swarm.peer_id)}
-            )
-        )
-        (out / f"{args.name}.addr.tmp").rename(out / f"{args.name}.addr")
+        address = {"maddrs": swarm.visible_maddrs(), "owner": swarm.public_key.hex(), "peer_id": str(swarm.peer_id)}
+        write_json(out / f"{args.name}.addr", address)
         store = DHTBucketStore(swarm, blobs, wide_every=args.wide_every)
         pid = str(swarm.peer_id)
         while args.wait_go and not (out / "go").exists():
-            time.sleep(0.1)
+            write_json(out / f"{args.name}.table", sorted(routing_table(swarm)))  # the test waits for a full mesh
+            time.sleep(0.2)
         for seq in range(args.groups):
             store.publish(make_group(pid, seq % 2, seq))
         for seq in range(args.groups, args.groups + args.big):
@@ -87,14 +84,16 @@ def main():
         while True:
             fetched = store.fetch(0, 1)
             owners = {f.owner for f in fetched if f.group is not None}
+            groups = {(f.owner, f.version, f.seq) for f in fetched if f.group is not None}
             peers = live_peers(swarm)
-            if len(owners) >= args.expect and len(peers) >= args.expect:
+            if len(owners) >= args.expect and len(peers) >= args.expect and len(groups) >= args.expect_groups:
                 break
             if time.time() > deadline:
-                raise SystemExit(f"saw {len(owners)} owners and {len(peers)} peers, expected {args.expect}")
+                raise SystemExit(
+                    f"saw {len(owners)} owners, {len(peers)} peers and {len(groups)} groups, expected "
+                    f"{args.expect}, {args.expect} and {args.expect_groups}"
+                )
             time.sleep(0.2)
-        time.sleep(1.0)  # let late publishers finish, then read once more
-        fetched = store.fetch(0, 1)
         report = {
             "groups": sorted(
                 [f.owner.hex(), f.version, f.seq, f.group.completions[0].tokens()]
@@ -106,8 +105,7 @@ def main():
             "rollout_peers": len(live_peers(swarm, role="rollout")),
             "learner_peers": len(live_peers(swarm, role="learner")),
         }
-        (out / f"{args.name}.json.tmp").write_text(json.dumps(report))
-        (out / f"{args.name}.json.tmp").rename(out / f"{args.name}.json")
+        write_json(out / f"{args.name}.json", report)
         while not (out / "stop").exists():
             time.sleep(0.1)
         heartbeat.stop()
@@ -147,7 +145,7 @@ def liar(out: Path, args):
             forged["inline"][0]["rewards"] = [1.0] * 8
             # the subkey names the victim's key, but the signature can only be the liar's own (or none)
             results["forged"] = dht.store(bucket_key(RUN, 0), forged, expires, subkey=group_subkey(victim, 0, 0))
-        (out / f"{args.name}.json").write_text(json.dumps(results))
+        write_json(out / f"{args.name}.json", results)
         while not (out / "stop").exists():
             time.sleep(0.1)
     finally:

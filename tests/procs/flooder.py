@@ -39,6 +39,7 @@ def made_up_group(spec, tokenizer, owner: bytes, producer: str, seq: int, versio
     builds it without running the schema's validators (the flooder's speed; every receiving peer validates)."""
     from peer.protocol import Completion, GroupRecord, encode_floats, encode_tokens
     from peer.run.spec import prompt_seed
+    from tests.helpers.records import make_group
 
     example = spec.example(owner, seq)
     completions = [[1 + (seq + i) % 9, 2] for i in range(spec.sampling.group_size)]
@@ -47,6 +48,7 @@ def made_up_group(spec, tokenizer, owner: bytes, producer: str, seq: int, versio
     answer = tokenizer(example.reference, add_special_tokens=False)["input_ids"][: spec.sampling.max_new_tokens - 1]
     completions[0] = [*answer, 2]
     rewards = [spec.task.reward(_decode(tokenizer, tuple(c)), example) for c in completions]
+    prompt = tokenizer(example.prompt)["input_ids"]
     fields = dict(
         version=version,
         adapter_sha256=sha,
@@ -54,17 +56,19 @@ def made_up_group(spec, tokenizer, owner: bytes, producer: str, seq: int, versio
         seq=seq,
         task_seed=prompt_seed(spec.seed, owner),
         task_index=seq,
-        prompt_ids=encode_tokens(tokenizer(example.prompt)["input_ids"]),
         rewards=[float(r) for r in rewards],
         created=time.time(),
     )
     if check:
-        return GroupRecord(**fields, completions=[Completion.of(c, [-0.5] * len(c)) for c in completions])
+        return make_group(**fields, prompt=prompt, completions=completions, logprob=-0.5)
     made = [
         Completion.construct(token_ids=encode_tokens(c), logprobs=encode_floats([-0.5] * len(c))) for c in completions
     ]
     return GroupRecord.construct(
-        **fields, completions=made, protocol_version=GroupRecord.__fields__["protocol_version"].default
+        **fields,
+        prompt_ids=encode_tokens(prompt),
+        completions=made,
+        protocol_version=GroupRecord.__fields__["protocol_version"].default,
     )
 
 

@@ -22,17 +22,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def entry_value(version: int, producer: str) -> dict:
-    from peer.protocol import BucketEntry, Completion, GroupRecord, encode_tokens, to_dht_value
+    """A bucket entry as large as one inline group gets: a 2000-token prompt and four 1000-token completions."""
+    from peer.protocol import BucketEntry, to_dht_value
+    from tests.helpers.records import make_group
 
-    group = GroupRecord(
+    group = make_group(
         version=version,
-        adapter_sha256="0" * 64,
-        producer=producer,
         seq=0,
-        task_seed=0,
-        task_index=0,
-        prompt_ids=encode_tokens([1] * 2000),
-        completions=[Completion.of([1] * 1000, [-0.5] * 1000) for _ in range(4)],
+        producer=producer,
+        prompt=[1] * 2000,
+        completions=[[1] * 1000] * 4,
         rewards=[0.0] * 4,
         created=time.time(),
     )

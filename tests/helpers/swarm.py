@@ -1,4 +1,4 @@
-"""Helpers for tests that run peers as real processes on loopback (the fixtures are in conftest.py)."""
+"""Peers as real processes on loopback: started, watched and stopped by PID (the fixtures are in conftest.py)."""
 
 import contextlib
 import json
@@ -7,8 +7,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from tests.helpers.waiting import wait_until
 
 LOOPBACK = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay"]
 
@@ -40,6 +41,7 @@ class Procs:
                 env=env,
                 start_new_session=new_session,
             )
+        p.log_path = log  # where wait_until finds its log if it dies
         self.procs.append((p, log))
         if new_session:
             self.groups.add(p.pid)
@@ -60,7 +62,7 @@ class Procs:
         self.frozen.discard(p.pid)
 
     def log(self, p: subprocess.Popen) -> str:
-        return next(log for q, log in self.procs if q is p).read_text()
+        return p.log_path.read_text()
 
     def stop_all(self) -> None:
         for pgid in self.frozen:  # a stopped process would never act on SIGTERM
@@ -78,19 +80,6 @@ class Procs:
         for pgid in self.groups:  # what a group leader left behind is no longer this process's child
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-
-
-def wait_until(predicate, what: str, timeout: float = 90.0, procs=()):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        for p in procs:
-            if p.poll() is not None:
-                raise AssertionError(f"a process exited with {p.returncode} while waiting for {what}")
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout}s")
 
 
 def model_copy(tmp_path: Path, name: str = "tiny-copy") -> Path:
@@ -119,7 +108,7 @@ def start_host(
         *LOOPBACK,
         new_session=new_session,
     )
-    wait_until(info_file.exists, "the host's info file", procs=[host])
+    wait_until(info_file.exists, "the host's info file", watched_processes=[host])
     return host, json.loads(info_file.read_text())
 
 
@@ -170,3 +159,26 @@ def status(run_id: str, maddrs: list[str], *extra: str) -> dict:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
+
+
+def routing_table(swarm) -> set[str]:
+    """The peer ids in ``swarm``'s DHT routing table, as its DHT process holds it now."""
+    return swarm.dht.run_coroutine(_routing_table)
+
+
+async def _routing_table(_dht, node) -> set[str]:
+    return {peer_id.to_base58() for peer_id in node.protocol.routing_table.uid_to_peer_id.values()}
+
+
+def know_each_other(swarms) -> bool:
+    """Whether every one of ``swarms`` has each of the others in its routing table."""
+    ids = {str(s.peer_id) for s in swarms}
+    return all(ids - {str(s.peer_id)} <= routing_table(s) for s in swarms)
+
+
+def exit_summary(proc: subprocess.Popen) -> dict:
+    """The ``--json`` summary a peer prints last, once it exits (with 0: else the end of its log is the failure)."""
+    out, _ = proc.communicate(timeout=90)
+    log = getattr(proc, "log_path", None)
+    assert proc.returncode == 0, log.read_text()[-3000:] if log is not None else f"exit code {proc.returncode}"
+    return json.loads(out.strip().splitlines()[-1])

@@ -7,27 +7,24 @@ are sampled from the bundled model exactly as a rollout peer samples them (``bui
 
 from __future__ import annotations
 
-import hashlib
 import random
 from types import SimpleNamespace
 
 from peer.network.buckets import Fetched
 from peer.protocol import GroupRecord
 from peer.roles.learner.intake import Intake
+from tests.helpers.records import PEER_ID, adapter_sha, changed
 
-PEER_ID = "12D3KooWQxzDHbPHdvWj5HXFfMVFtN1VbGNMW2GfRhDKVo2RFhdT"
 # Signing keys as the intake sees them (it only derives prompt seeds and fingerprints from them): two honest
 # signers and the one whose groups each test tampers with.
 A = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/intake-a=="
 B = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/intake-b=="
 M = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/intake-m=="
-SHA0 = hashlib.sha256(b"adapter v0").hexdigest()
-SHA1 = hashlib.sha256(b"adapter v1").hexdigest()
+SHA0, SHA1 = adapter_sha(0), adapter_sha(1)
 GROUPS_PER_SIGNER = {A: 12, B: 8, M: 12}
 FORGIVEN_BY_DESIGN = frozenset({"schema", "duplicate", "unknown_version", "lineage"})
 """Refusals that must not ban the signer (peer/roles/learner/intake.py): a cut blob, an entry read twice, a version
-from
-before a restart or of a learner that lost the lead. Every other refusal of ``check_group`` or a replay bans."""
+from before a restart or of a learner that lost the lead. Every other refusal of ``check_group`` or a replay bans."""
 
 
 def sample_run(groups_per_signer: dict[bytes, int] = GROUPS_PER_SIGNER) -> SimpleNamespace:
@@ -114,11 +111,6 @@ def new_intake(run: SimpleNamespace, batch: int = 16, share_cap: float = 0.5, ch
 def fetched(owner: bytes, group: GroupRecord) -> Fetched:
     """``group`` as a bucket read hands it over, signed by ``owner``."""
     return Fetched(owner, group.version, group.seq, group)
-
-
-def changed(group: GroupRecord, **fields) -> GroupRecord:
-    """A copy of ``group`` with ``fields`` replaced (a valid record: only the intake can tell it is a lie)."""
-    return GroupRecord(**{**group.dict(), **fields})
 
 
 def pool_ids(intake: Intake, owner: bytes) -> list[tuple[int, int]]:
