@@ -14,7 +14,7 @@ been replaced. Its *staleness* is ``tau = learner_version - group_version``:
 The weighting functions live in :data:`WEIGHTINGS`, keyed by the names of
 :data:`~peer.grpo.config.WEIGHTING_NAMES` that :class:`~peer.grpo.config.StalenessConfig` stores in the run
 manifest, so adding a weighting means adding its name there and its function here, never another branch in the
-learner (tests/test_grpo_staleness.py checks that both agree).
+learner (tests/unit/test_grpo_staleness.py checks that both agree).
 
 Only :func:`staleness_weights` builds a tensor; it imports torch when called, so that importing this module (as
 ``peer.grpo`` does) costs nothing to a process that only parses a manifest.

@@ -31,12 +31,12 @@ a corrupt one by name before a model loads.
 
 hivemind internals this relies on (written against hivemind 1.1.12)
 ---------------------------------------------------------------------
-hivemind's public API is ``DHT`` (``get``, ``store``, ``run_coroutine``, ``get_visible_maddrs``), ``P2P``, the
-record validators and the serializer. The places below go further: into the DHT node that ``DHT.run_coroutine``
-hands a function in the DHT process, into private state, or around a behaviour that is not documented. Any of
-them can break on a hivemind upgrade, which is why setup.cfg bounds hivemind to ``>=1.1.12,<1.2``; whoever moves
-that bound checks each one (tests/test_swarm.py, test_buckets.py, test_quota_units.py, test_access_units.py,
-test_private.py and test_blobs.py exercise them).
+hivemind's public API is ``DHT`` (``get``, ``store``, ``run_coroutine``, ``get_visible_maddrs``), ``P2P``, the record
+validators and the serializer. The places below go further: into the DHT node that ``DHT.run_coroutine`` hands a
+function in the DHT process, into private state, or around a behaviour that is not documented. Any of them can break on
+a hivemind upgrade, which is why setup.cfg bounds hivemind to ``>=1.1.12,<1.2``; whoever moves that bound checks each
+one (tests/integration/test_swarm.py, test_buckets.py, test_quota_units.py, test_access_units.py, test_private.py and
+test_blobs.py exercise them).
 
 * ``peer/network/swarm.py:load_signing_key`` — restores an ``RSAPrivateKey`` with ``__new__`` and
   ``__setstate__({"_private_key": DER bytes})``: its pickled state, a private attribute.

@@ -1,4 +1,4 @@
-"""Peak resident memory of one sampled batch, for tests/test_memory.py: ``decode_peak.py ROWS PROMPT NEW DTYPE
+"""Peak resident memory of one sampled batch, for tests/unit/test_memory.py: ``decode_peak.py ROWS PROMPT NEW DTYPE
 VOCAB`` builds a small Qwen2 model from a config (random weights, no files), decodes ROWS rows of PROMPT tokens for
 NEW tokens each with the sampler's own loop, and prints JSON: the rise of the process's peak RSS over its resident
 size just before the batch (the kernel's high-water mark, reset through /proc/self/clear_refs), and the model's

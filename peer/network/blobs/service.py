@@ -15,7 +15,7 @@ The replica is private to this service (made with ``P2P.replicate`` on the DHT d
 ``DHT.run_coroutine`` reports) rather than ``DHT.replicate_p2p()``'s shared one: that one is cached per process,
 so its stream handlers would live on whichever event loop created it first, and closing it here would break
 other users. Handlers registered on a replica are reachable by remote peers exactly like the DHT's own (the
-daemon forwards inbound streams to the replica's socket; tests/test_blobs.py checks it across processes).
+daemon forwards inbound streams to the replica's socket; tests/integration/test_blobs.py checks it across processes).
 """
 
 from __future__ import annotations

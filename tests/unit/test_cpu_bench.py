@@ -15,7 +15,7 @@ import pytest
 
 from tests.benchmarks.cpu import CpuSampler, groups, label
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process names are read from /proc")

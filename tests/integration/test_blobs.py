@@ -1,7 +1,7 @@
 """Blob transfer between real processes: a child process runs hivemind DHT peers with BlobServices (one honest,
 one serving corrupt bytes, one truncating, one refusing everybody); this process joins them and fetches.
 
-Run as a script (``python tests/test_blobs.py serve CONFIG``) this file is that child process.
+Run as a script (``python tests/integration/test_blobs.py serve CONFIG``) this file is that child process.
 """
 
 import asyncio
@@ -24,7 +24,7 @@ import pytest
 from tests.helpers.p2p import P2P_KW
 from tests.helpers.waiting import wait_until_async
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIG = 50 * 2**20
 SMALL = 3 * 2**20 + 12345  # several chunks, the last one partial
 DRIP_DELAY = 2.0  # s between two chunks of the dripping provider: under the per-chunk timeout the tests use
@@ -444,5 +444,5 @@ def test_authorize_sees_the_requesting_peer_and_its_invite_and_a_full_server_say
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["serve"]:
-        sys.exit("usage: python tests/test_blobs.py serve CONFIG_JSON")
+        sys.exit("usage: python tests/integration/test_blobs.py serve CONFIG_JSON")
     serve(json.loads(sys.argv[2]))

@@ -25,7 +25,7 @@ from peer.model.memory import (
     row_bytes,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ESTIMATE_FACTOR = 3.0  # the estimate is at least the measured peak per row and at most this many times it
 OWNER = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/memory=="
 

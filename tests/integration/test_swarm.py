@@ -12,7 +12,7 @@ from tests.helpers.records import make_group
 from tests.helpers.swarm import know_each_other
 from tests.helpers.waiting import wait_until
 
-PEER = Path(__file__).parent / "procs" / "bucket_peer.py"
+PEER = Path(__file__).parents[1] / "procs" / "bucket_peer.py"
 pytestmark = pytest.mark.integration
 
 

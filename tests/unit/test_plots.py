@@ -14,7 +14,7 @@ import pytest
 
 from peer.plots import SKIPPED
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 REPORT = {
     "evaluations": [{"seconds": 0.0, "exact_match": 0.3}, {"seconds": 20.0, "exact_match": 0.6}],

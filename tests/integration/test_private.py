@@ -20,7 +20,7 @@ from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-STRANGER = str(Path(__file__).parent / "procs" / "stranger.py")
+STRANGER = str(Path(__file__).parents[1] / "procs" / "stranger.py")
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
 """Adapters leave the tool and come back: PEFT folders both ways (bit-exact), plain peft and transformers code on
 hivegrpo's adapters, hivegrpo on plain peft's, and which swarm version ``hivegrpo export`` takes. (Exporting from a
-live swarm, as an adapter and as a merged model: tests/test_swarm_outputs.py.)
+live swarm, as an adapter and as a merged model: tests/integration/test_swarm_outputs.py.)
 """
 
 import json

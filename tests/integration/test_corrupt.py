@@ -4,12 +4,10 @@ transfer, get each blob from an honest provider, and load nothing corrupt — sh
 behaviour log-probs of every one of its groups (``--check-rate 1``) and uses them.
 
 The mirrors hold the host's learner credential (admitted learners whose blob service is broken: a stranger's
-announcements are ignored, tests/test_strangers.py). The learner is stopped before the new peer joins, so the
-newest adapter's announced providers are the dead learner and the two corrupt mirrors: all three fail and the
-adapter comes from another live peer (the honest rollout peer followed it). The model folder holds 24 extra 2 KB
-files, so each kind of corrupt provider is asked for some file with near certainty (providers are tried in random
-order).
-"""
+announcements are ignored, tests/integration/test_strangers.py). The learner is stopped before the new peer joins, so
+the newest adapter's announced providers are the dead learner and the two corrupt mirrors: all three fail and the
+adapter comes from another live peer (the honest rollout peer followed it). The model folder holds 24 extra 2 KB files,
+so each kind of corrupt provider is asked for some file with near certainty (providers are tried in random order)."""
 
 import json
 import os
@@ -25,7 +23,7 @@ from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-MIRROR = str(Path(__file__).parent / "procs" / "corrupt_mirror.py")
+MIRROR = str(Path(__file__).parents[1] / "procs" / "corrupt_mirror.py")
 FLIPPED = re.compile(r"provider (\S+) failed to deliver blob (\w+)…: sent bytes that do not match")
 CUT = re.compile(r"provider (\S+) failed to deliver blob (\w+)…: (ended the data after|dropped the stream after)")
 

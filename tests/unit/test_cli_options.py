@@ -16,7 +16,7 @@ from peer.cli import main
 from peer.cli_options import FieldOption, field_help
 from peer.model.config import DTYPES, QUANTIZATIONS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLI_SOURCES = ("peer/cli.py", "peer/cli_options.py", "peer/cli_checks.py", "coordinator/cli.py")
 # The same flag on commands where it means something else (or takes another range), so each is its own option:
 # --seed is the run's, the held-out set's, the training's or the tiny model's; --out a new folder in each command;

@@ -16,7 +16,7 @@ from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).parent
+ROOT = Path(__file__).parents[1]  # tests/
 
 
 @pytest.mark.timeout(300)

@@ -27,7 +27,7 @@ What is generated, and what must happen (counts of the default run; the lower bo
   state (pool, seqs, bans, refusals) equals that of an intake that never saw the lie: 300 scenarios, 3,000 records.
   Groups with one flaw or none: admitted exactly when they follow the documented rules (300).
 
-In all about 15,000 records, in about 45 s on 2 idle cores (``OMP_NUM_THREADS=1 pytest tests/test_fuzz.py``).
+In all about 15,000 records, in about 45 s on 2 idle cores (``OMP_NUM_THREADS=1 pytest tests/unit/test_fuzz.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Status: a learner's busy fraction and share of groups without signal, per peer and for the learner that leads.
 
-Records are built here as in tests/test_status_units.py; the learner's heartbeat ``stats`` carry what it measures.
+Records are built here as in tests/unit/test_status_units.py; the learner's heartbeat ``stats`` carry what it measures.
 """
 
 import json

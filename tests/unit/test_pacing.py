@@ -1,7 +1,7 @@
 """A rollout peer's pacing to its learners' demand (peer.roles.rollout.peer.Pacer and RolloutPeer._wait_for_learners).
 
 Pure arithmetic for the pacer; for the wait, a RolloutPeer made without ``__init__`` holds fakes of its follower
-(the demand it read) and its backlog (the bucket count), as in tests/test_rollout_units.py.
+(the demand it read) and its backlog (the bucket count), as in tests/unit/test_rollout_units.py.
 """
 
 import threading

@@ -1,4 +1,4 @@
-"""The demo's report arithmetic (pure functions; the demo itself runs for real in tests/test_demo.py)."""
+"""The demo's report arithmetic (pure functions; the demo itself runs for real in tests/integration/test_demo.py)."""
 
 import json
 

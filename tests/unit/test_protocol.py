@@ -59,7 +59,7 @@ from tests.helpers.records import (
     make_pointer,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # An OpenSSH-format RSA public key as hivemind's RSAPublicKey.to_bytes() gives; the keys module only checks its shape.
 OWNER = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/x=="
 

@@ -1,4 +1,4 @@
-"""Bucket logic on the in-memory backend (the DHT backend is exercised by tests/test_swarm.py)."""
+"""Bucket logic on the in-memory backend (the DHT backend is exercised by tests/integration/test_swarm.py)."""
 
 from types import SimpleNamespace
 

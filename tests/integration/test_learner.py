@@ -17,7 +17,7 @@ from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-LIAR = str(Path(__file__).parent / "procs" / "liar_rollout.py")
+LIAR = str(Path(__file__).parents[1] / "procs" / "liar_rollout.py")
 
 
 def _ledger(path: Path) -> list[dict]:

@@ -1,6 +1,6 @@
 """Lying peers in real processes: one forges its behaviour log-probs, one floods the buckets at over 100x an honest
 peer's rate with groups it never sampled. Both sign with valid keys and every group parses; only what it says is
-false. (Inflated rewards and replayed groups: tests/test_learner.py.)
+false. (Inflated rewards and replayed groups: tests/integration/test_learner.py.)
 
 What must hold: each liar is banned (the log-prob spot check, at the learner's ``--check-rate``) and ``hivegrpo
 status`` shows it; before its ban no update takes more than the per-peer cap from the flooder, and nothing from
@@ -21,12 +21,12 @@ from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).parent
+ROOT = Path(__file__).parents[1]  # tests/
 FLOOD_RATE = 1500.0  # groups/s asked of the flooder; an honest rollout peer publishes ~10 a second here
 CHECK_RATE = 0.25
 
 
-@pytest.mark.slow  # 55-95 s; the forger alone, in a mixed-precision swarm: tests/test_precision.py (default run)
+@pytest.mark.slow  # 55-95 s; the forger alone, in a mixed-precision swarm: test_precision.py (default run)
 @pytest.mark.timeout(420)
 def test_a_forger_and_a_flooder_are_banned_capped_and_cost_the_learner_no_memory(tmp_path, procs, reader):
     host, info = start_host(procs, tmp_path, "liars2", "--groups-per-version", "4")

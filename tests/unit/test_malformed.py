@@ -8,7 +8,7 @@ reason, and bans the signer unless the reason is forgiven). "Nothing else change
 accepts a good record under the same key and subkey and did not remember the bad one; the intake's pool, seqs,
 bans and refusals for every other signer equal those of an intake that never saw the bad record.
 
-Other tests cover parts of this in more detail (tests/test_protocol.py, test_protocol_validators.py,
+Other tests cover parts of this in more detail (tests/unit/test_protocol.py, test_protocol_validators.py,
 test_learner_units.py, test_rollout_units.py); this file is where every class has its name.
 """
 

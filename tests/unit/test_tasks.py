@@ -19,7 +19,7 @@ from peer.tasks import Example, PluginNotAllowed, Task, TaskError, builtin_task_
 from peer.tasks.addition import MAX_SAMPLED_HELDOUT
 from peer.tasks.gym import CHUNK_SIZE
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_python(code: str, hash_seed: str) -> str:

@@ -19,7 +19,7 @@ from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-USURPER = str(Path(__file__).parent / "procs" / "usurper.py")
+USURPER = str(Path(__file__).parents[1] / "procs" / "usurper.py")
 
 
 @pytest.mark.timeout(300)
@@ -70,10 +70,10 @@ def test_a_stranger_cannot_announce_versions_lead_the_team_or_help_it(tmp_path, 
     assert all(p["fingerprint"] != report["fingerprint"] for p in seen["peers"]), "its learner claim is not listed"
 
 
-FLOOD = str(Path(__file__).parent / "procs" / "identity_flood.py")
+FLOOD = str(Path(__file__).parents[1] / "procs" / "identity_flood.py")
 
 
-@pytest.mark.slow  # ~2 min on 2 cores: the quota's rule is in the default run (tests/test_quota_units.py)
+@pytest.mark.slow  # ~2 min on 2 cores: the quota's rule is in the default run (tests/unit/test_quota_units.py)
 @pytest.mark.timeout(420)
 def test_a_thousand_identities_flooding_one_bucket_leave_it_readable_and_the_run_learning(tmp_path, procs, reader):
     from peer.network.quota import quota_stats
