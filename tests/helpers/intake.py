@@ -27,6 +27,30 @@ FORGIVEN_BY_DESIGN = frozenset({"schema", "duplicate", "unknown_version", "linea
 from before a restart or of a learner that lost the lead. Every other refusal of ``check_group`` or a replay bans."""
 
 
+def sample_scored(model, tokenizer, spec, owner: bytes, seqs, seed: int, device=None):
+    """Sample the prompts of ``owner``'s ``seqs`` as a rollout peer does (``sample_groups`` with the run's sampling
+    settings, a generator seeded with ``seed``) and score every completion: ``(batch, rewards)``."""
+    import torch
+
+    from peer.model.sampling import sample_groups
+
+    device = device or torch.device("cpu")
+    s = spec.sampling
+    examples = [spec.example(owner, seq) for seq in seqs]
+    batch = sample_groups(
+        model,
+        tokenizer,
+        [e.prompt for e in examples],
+        group_size=s.group_size,
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.temperature,
+        device=device,
+        generator=torch.Generator(device=device).manual_seed(seed),
+    )
+    texts = batch.texts(tokenizer)
+    return batch, [spec.task.reward(text, examples[i // s.group_size]) for i, text in enumerate(texts)]
+
+
 def sample_run(groups_per_signer: dict[bytes, int] = GROUPS_PER_SIGNER) -> SimpleNamespace:
     """``spec``, ``model`` (the fp32 base with LoRA that sampled them), ``tokenizer``, ``vocab`` and
     ``groups[owner]``: honest v0 groups with seqs ``0 .. n - 1``, each with signal (rewards not all equal: the
@@ -37,7 +61,6 @@ def sample_run(groups_per_signer: dict[bytes, int] = GROUPS_PER_SIGNER) -> Simpl
     from peer.model.adapter import attach_lora
     from peer.model.config import LoRAConfig, ModelConfig
     from peer.model.loading import bundled_path, load_base
-    from peer.model.sampling import sample_groups
     from peer.roles.rollout.peer import build_groups
     from peer.run.spec import run_spec
 
@@ -46,7 +69,6 @@ def sample_run(groups_per_signer: dict[bytes, int] = GROUPS_PER_SIGNER) -> Simpl
     base = load_base(ModelConfig(device="cpu", quantization="none"))
     torch.manual_seed(0)
     model = attach_lora(base.model, LoRAConfig())
-    s = spec.sampling
     groups = {}
     flat: dict[tuple[bytes, int], GroupRecord] = {}
     for owner, n in groups_per_signer.items():
@@ -55,19 +77,7 @@ def sample_run(groups_per_signer: dict[bytes, int] = GROUPS_PER_SIGNER) -> Simpl
             seqs = [seq for seq in range(n) if seq not in made]  # sample its prompt again until it has signal
             if not seqs:
                 break
-            examples = [spec.example(owner, seq) for seq in seqs]
-            batch = sample_groups(
-                model,
-                base.tokenizer,
-                [e.prompt for e in examples],
-                group_size=s.group_size,
-                max_new_tokens=s.max_new_tokens,
-                temperature=s.temperature,
-                device=torch.device("cpu"),
-                generator=torch.Generator().manual_seed(attempt),
-            )
-            texts = batch.texts(base.tokenizer)
-            rewards = [spec.task.reward(text, examples[i // s.group_size]) for i, text in enumerate(texts)]
+            batch, rewards = sample_scored(model, base.tokenizer, spec, owner, seqs, seed=attempt)
             built = build_groups(batch, rewards, seqs, spec, version=0, sha=SHA0, owner=owner, producer=PEER_ID)
             made.update({g.seq: g for g in built if max(g.rewards) > min(g.rewards)})
             flat.update({(owner, g.seq): g for g in built if max(g.rewards) == min(g.rewards)})

@@ -12,6 +12,7 @@ import torch
 from peer.model.adapter import attach_lora, lora_parameters
 from peer.model.config import LoRAConfig, ModelConfig
 from peer.model.loading import load_base
+from tests.helpers.intake import sample_scored
 
 pytestmark = [
     pytest.mark.gpu,
@@ -77,27 +78,13 @@ def test_sampling_on_the_gpu_is_reproducible_and_its_logprobs_match_a_forward_pa
 def test_a_micro_batched_step_on_the_gpu_gives_the_whole_batchs_gradient():
     from types import SimpleNamespace
 
-    from peer.model.sampling import sample_groups
     from peer.roles.learner.update import batch_tensors, share_gradient
     from peer.roles.rollout.peer import build_groups
     from tests.benchmarks import verification as bench
 
     spec = bench.run_spec()
     base, model = _gpu_model("nf4", dtype="float32")
-    s = spec.sampling
-    examples = [spec.example(bench.OWNER, seq) for seq in range(16)]
-    batch = sample_groups(
-        model,
-        base.tokenizer,
-        [e.prompt for e in examples],
-        group_size=s.group_size,
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature,
-        device=base.device,
-        generator=torch.Generator(device=base.device).manual_seed(1),
-    )
-    texts = batch.texts(base.tokenizer)
-    rewards = [spec.task.reward(t, examples[i // s.group_size]) for i, t in enumerate(texts)]
+    batch, rewards = sample_scored(model, base.tokenizer, spec, bench.OWNER, range(16), seed=1, device=base.device)
     groups = build_groups(batch, rewards, range(16), spec, version=0, sha=bench.SHA, owner=bench.OWNER,
                           producer=bench.PEER_ID)  # fmt: skip
     groups = [g for g in groups if len(set(g.rewards)) > 1]

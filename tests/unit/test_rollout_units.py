@@ -49,6 +49,7 @@ from peer.roles.rollout.peer import _SeqCounter, build_groups, recent_rate
 from peer.run.adapters import Announcement, newest_announcement
 from peer.run.basemodel import ModelSourceError, model_files, resolve_base
 from peer.run.spec import ManifestError, prompt_seed, run_spec
+from tests.helpers.intake import sample_scored
 from tests.helpers.records import PEER_ID, adapter_sha, changed, make_group
 
 PEER_B = "12D3KooWBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"
@@ -448,30 +449,23 @@ def rollout_setup():
     from peer.model.adapter import attach_lora
     from peer.model.config import LoRAConfig, ModelConfig
     from peer.model.loading import load_base
-    from peer.model.sampling import sample_groups
 
     spec = run_spec(manifest(), OWNER)
     base = load_base(ModelConfig(device="cpu", quantization="none"))
     torch.manual_seed(0)
     model = attach_lora(base.model, LoRAConfig())
-    s, seq0 = spec.sampling, 40
-    examples = [spec.example(OWNER, seq) for seq in range(seq0, seq0 + 2)]
-    batch = sample_groups(
-        model,
-        base.tokenizer,
-        [e.prompt for e in examples],
-        group_size=s.group_size,
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature,
-        device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(1),
-    )
-    texts = batch.texts(base.tokenizer)
-    rewards = [spec.task.reward(t, examples[i // s.group_size]) for i, t in enumerate(texts)]
+    seq0 = 40
+    batch, rewards = sample_scored(model, base.tokenizer, spec, OWNER, range(seq0, seq0 + 2), seed=1)
     groups = build_groups(
         batch, rewards, range(seq0, seq0 + 2), spec, version=0, sha=SHA, owner=OWNER, producer=PEER_ID
     )
-    return SimpleNamespace(spec=spec, model=model, tokenizer=base.tokenizer, groups=groups, examples=examples)
+    return SimpleNamespace(
+        spec=spec,
+        model=model,
+        tokenizer=base.tokenizer,
+        groups=groups,
+        examples=[spec.example(OWNER, seq) for seq in range(seq0, seq0 + 2)],
+    )
 
 
 def known(v):

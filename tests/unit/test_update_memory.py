@@ -17,7 +17,7 @@ from peer.roles.learner.update import (
     micro_batches,
     share_gradient,
 )
-from tests.helpers.intake import PEER_ID, SHA0, A
+from tests.helpers.intake import PEER_ID, SHA0, A, sample_scored
 
 # max |micro - whole| over a tensor, relative to that tensor's largest |whole|. In fp32 on nf4 the sums' order alone
 # moves it: the whole batch with its rows permuted differed by 9.6e-7, one row per micro-batch by 2.8e-5. In float64
@@ -30,7 +30,6 @@ def _build(quantization: str, dtype: torch.dtype) -> SimpleNamespace:
     from peer.model.adapter import attach_lora, lora_parameters
     from peer.model.config import LoRAConfig, ModelConfig
     from peer.model.loading import bundled_path, load_base
-    from peer.model.sampling import sample_groups
     from peer.roles.rollout.peer import build_groups
     from peer.run.spec import run_spec
 
@@ -39,20 +38,7 @@ def _build(quantization: str, dtype: torch.dtype) -> SimpleNamespace:
     spec = dataclasses.replace(spec, loss=dataclasses.replace(spec.loss, kl_beta=0.1))
     base = load_base(ModelConfig(name="bundled", quantization=quantization, device="cpu"))
     model = attach_lora(base.model, LoRAConfig()).to(dtype)
-    s = spec.sampling
-    examples = [spec.example(A, seq) for seq in range(12)]
-    batch = sample_groups(
-        model,
-        base.tokenizer,
-        [e.prompt for e in examples],
-        group_size=s.group_size,
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature,
-        device=torch.device("cpu"),
-        generator=torch.Generator().manual_seed(3),
-    )
-    texts = batch.texts(base.tokenizer)
-    rewards = [spec.task.reward(t, examples[i // s.group_size]) for i, t in enumerate(texts)]
+    batch, rewards = sample_scored(model, base.tokenizer, spec, A, range(12), seed=3)
     groups = build_groups(batch, rewards, range(12), spec, version=0, sha=SHA0, owner=A, producer=PEER_ID)
     groups = [g for g in groups if len(set(g.rewards)) > 1]
     torch.manual_seed(5)
