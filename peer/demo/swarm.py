@@ -27,23 +27,39 @@ ROLLOUT_ARGS = ["--batch-size", "8"]  # a peer swaps adapters between batches: s
 STOP_GRACE = 60.0  # seconds a child gets to finish after SIGTERM
 
 
+def spawn(
+    argv: list[str],
+    log: Path,
+    stdout=subprocess.PIPE,
+    new_session: bool = True,
+    nice: int = 0,
+    env: dict | None = None,
+) -> subprocess.Popen:
+    """``python ARGV`` as a peer process of a local swarm (the demo's, a benchmark's, a test's): one torch thread,
+    stderr to ``log``, stdin closed; ``new_session``: in a process group of its own, so that killing the group ends
+    its DHT process and libp2p daemon too; ``nice``: its CPU priority; ``env``: added to this process's."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
+    with open(log, "w") as err:
+        return subprocess.Popen(
+            [sys.executable, *argv],
+            stdout=stdout,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            text=stdout is subprocess.PIPE,
+            env=env,
+            start_new_session=new_session,
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,
+        )
+
+
 class Child:
     def __init__(self, name: str, argv: list[str], logs: Path, nice: int = 0, module: str = "peer.cli"):
         self.name = name
         self.log = logs / f"{name}.log"
         self.summary = logs / f"{name}.json"
         self._terminated = False
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        with open(self.log, "w") as err, open(self.summary, "w") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", module, *argv],
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-                preexec_fn=(lambda: os.nice(nice)) if nice else None,
-            )
+        with open(self.summary, "w") as out:
+            self.process = spawn(["-m", module, *argv], self.log, stdout=out, nice=nice)
 
     @property
     def alive(self) -> bool:

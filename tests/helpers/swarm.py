@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from peer.demo.swarm import spawn
 from tests.helpers.waiting import wait_until
 
 LOOPBACK = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay"]
@@ -31,16 +32,7 @@ class Procs:
         """``python ARGV`` with stdout piped and stderr to ``<name>.log``; ``new_session``: in a process group of
         its own (with its DHT process and libp2p daemon), so :meth:`kill_group` ends all of it like a machine dying."""
         log = self.root / f"{name}.log"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-        with open(log, "w") as f:
-            p = subprocess.Popen(
-                [sys.executable, *argv],
-                stdout=subprocess.PIPE,
-                stderr=f,
-                text=True,
-                env=env,
-                start_new_session=new_session,
-            )
+        p = spawn(argv, log, new_session=new_session, env={"HF_HUB_OFFLINE": "1"})
         p.log_path = log  # where wait_until finds its log if it dies
         self.procs.append((p, log))
         if new_session:
