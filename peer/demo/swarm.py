@@ -14,10 +14,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from peer.children import spawn
 from peer.errors import UserError
 
 LOOPBACK = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay"]
@@ -25,31 +25,6 @@ LEARNER_STAGGER = 3.0  # s between starting the learners of a team
 ROLLOUT_NICE = 10  # rollout peers use the CPU the learner leaves (on 2 cores the learner is the bottleneck)
 ROLLOUT_ARGS = ["--batch-size", "8"]  # a peer swaps adapters between batches: smaller ones follow sooner
 STOP_GRACE = 60.0  # seconds a child gets to finish after SIGTERM
-
-
-def spawn(
-    argv: list[str],
-    log: Path,
-    stdout=subprocess.PIPE,
-    new_session: bool = True,
-    nice: int = 0,
-    env: dict | None = None,
-) -> subprocess.Popen:
-    """``python ARGV`` as a peer process of a local swarm (the demo's, a benchmark's, a test's): one torch thread,
-    stderr to ``log``, stdin closed; ``new_session``: in a process group of its own, so that killing the group ends
-    its DHT process and libp2p daemon too; ``nice``: its CPU priority; ``env``: added to this process's."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
-    with open(log, "w") as err:
-        return subprocess.Popen(
-            [sys.executable, *argv],
-            stdout=stdout,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            text=stdout is subprocess.PIPE,
-            env=env,
-            start_new_session=new_session,
-            preexec_fn=(lambda: os.nice(nice)) if nice else None,
-        )
 
 
 class Child:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from peer.demo.swarm import spawn
+from peer.children import spawn
 from tests.helpers.waiting import wait_until
 
 LOOPBACK = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay"]
