@@ -1,4 +1,4 @@
-"""A rollout peer's pacing to its learners' demand (peer.roles.rollout.peer.Pacer and RolloutPeer._wait_for_learners).
+"""A rollout peer's pacing to its learners' demand (roles/rollout/pacing.py: Pacer; RolloutPeer._wait_for_learners).
 
 Pure arithmetic for the pacer; for the wait, a RolloutPeer made without ``__init__`` holds fakes of its follower
 (the demand it read) and its backlog (the bucket count), as in tests/unit/test_rollout_units.py.
