@@ -9,7 +9,7 @@ reading the buckets from the DHT, verifying every group (prompt re-derived, rewa
 log-prob checks, batching, the clipped-loss AdamW step, serializing and hashing each adapter, the announcements.
 
 The bare loop then replays exactly the groups each of those updates used, in the same order, from the same
-starting adapter (v0) with a fresh AdamW: :func:`~peer.roles.learner.peer.batch_tensors` +
+starting adapter (v0) with a fresh AdamW: :func:`~peer.roles.learner.update.batch_tensors` +
 :func:`~peer.roles.learner.peer.learn_step` and nothing else, on the same model object and threads. It runs
 ``--bare-rounds`` times; the ratio is learner groups/s over the median bare groups/s (target >= 0.9), over the
 whole run and from the end of the first update on (the first update waits for the first read of the buckets). The bare

@@ -4,7 +4,7 @@ One process plays both sides so the lag is exact. Update ``t`` (the learner hold
 16 prompts x G completions sampled with adapter version ``t - lag`` (version 0 while ``t < lag``); the adapter
 of every version is kept in memory for that. Lag per prompt:
 
-* ``fixed``: every prompt is ``k`` versions behind (the issue's "rollouts k versions behind");
+* ``fixed``: every prompt is ``k`` versions behind (rollouts ``k`` versions behind);
 * ``mixed``: each prompt's lag is drawn uniformly from ``0..k``, as when rollout peers of several speeds
   contribute to one update.
 
