@@ -554,8 +554,6 @@ class LearnerPeer:
         """Take a leader's whole state (:meth:`LearnerState.adopt`; it raises, changing nothing, when the state does
         not fit): then serve and announce it, and checkpoint it (the journal cannot chain a state taken whole)."""
         self.state.adopt(state)
-        if self.fetcher is not None:
-            self.fetcher.version = self.session.version
         self.announcer.submit(self.session.version, self.session.blob, self.state.parent, None)
         if self.config.checkpoint_dir:
             self.checkpoint()

@@ -36,18 +36,6 @@ class LearnerState:
         self.checkpointed: frozenset = frozenset()  # the sha256 of the adapter in the checkpoint (kept cached)
         self.bans_recorded = 0  # bans already in the journal and told to helpers (intake.banned keeps its order)
 
-    @property
-    def version(self) -> int:
-        return self.session.version
-
-    @property
-    def sha(self) -> str:
-        return self.session.sha
-
-    @property
-    def blob(self) -> bytes:
-        return self.session.blob
-
     def remember(self) -> None:
         """Keep the held version's tensors in the window; drop versions older than the window, and their blobs."""
         s = self.session
@@ -93,8 +81,8 @@ class LearnerState:
         """Take a leader's whole state (``state`` fits :class:`~peer.roles.learner.team.messages.State`): its
         adapter (checked before anything changes), its AdamW moments under this learner's own hyper-parameters, its
         used seqs. Its bans are not this learner's (the caller reports them). Raises ``ValueError`` (also for an
-        adapter that fails its check), ``KeyError`` or ``RuntimeError`` when the state does not fit; nothing has
-        changed then."""
+        adapter that fails its check), ``KeyError`` or ``RuntimeError`` when the state does not fit: the AdamW state
+        and the adapter are both checked before either is loaded."""
         optimizer_state = optimizer_state_from_wire(self.optimizer, state["optimizer"])
         self.session.swap(state["version"], state["sha"], state["adapter"])  # checks the blob before it changes
         self.optimizer.load_state_dict(optimizer_state)
