@@ -29,8 +29,21 @@ def spawn(
             text=stdout is subprocess.PIPE,
             env=env,
             start_new_session=new_session,
-            preexec_fn=(lambda: os.nice(nice)) if nice else None,
+            preexec_fn=(lambda: _lower_priority(nice)) if nice else None,
         )
+
+
+def _lower_priority(nice: int) -> None:
+    """In the child, before it runs: ``nice`` for its threads and for its session's autogroup. Where the kernel
+    groups each session for scheduling (``/proc/sys/kernel/sched_autogroup_enabled``), a process's nice value only
+    ranks it within its own session, and every session shares the CPU equally: a peer in a session of its own at
+    nice 10 took as much CPU as the learner at nice 0 until its autogroup was niced too (docs/demo.md)."""
+    os.nice(nice)
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:  # no autogroups (not Linux, or a kernel without them): the nice value alone ranks it
+        pass
 
 
 __all__ = ["spawn"]
