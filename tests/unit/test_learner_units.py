@@ -322,13 +322,18 @@ def test_the_fetcher_reads_every_group_published_into_its_window_once(setup):
     assert drain() == [(2, 0)]
     fetcher.poll()
     assert drain() == [], "handed over once"
-    store.publish(changed(g, version=2, seq=1))  # late, into a version no longer among the newest two
+    store.publish(changed(g, version=2, seq=1))  # late, two versions behind, as the group read lately was
     store.publish(changed(g, version=4, seq=2))
     fetcher.poll()
-    assert drain() == [(4, 2)]
+    assert sorted(drain()) == [(2, 1), (4, 2)], "read as far behind as the groups read lately were: at once"
+    fetcher.LAG_SECONDS = 0.0  # nothing read lately counts any more: the newest two versions only
+    assert fetcher.depth() == 1
+    store.publish(changed(g, version=2, seq=3))  # late, into a version no longer among the newest two
+    fetcher.poll()
+    assert drain() == []
     fetcher.version = 7  # version 2 leaves the window (7 - 4 = 3) before the next whole-window read
     fetcher.poll()
-    assert drain() == [(2, 1)], "a version's bucket is read once more as it leaves the window"
+    assert drain() == [(2, 3)], "a version's bucket is read once more as it leaves the window"
     store.publish(changed(g, version=3, seq=10))  # late into an older version that stays in the window
     polls = 0
     while not (found := drain()):

@@ -127,6 +127,7 @@ class Intake:
         self.strikes: Counter = Counter()  # signer -> STRIKES refusals since its last verified group
         self._forgotten_at = 0  # the learner's version at the last forget()
         self.recent_signal: deque[bool] = deque(maxlen=RECENT_SIGNAL)  # of the latest verified groups: signal?
+        self.arrival_lag: Counter = Counter()  # versions behind the learner's when read (tau_max + 1: more)
         self.credit = None  # a peer.run.credit.CreditTable: what happened to each signer's groups, over the run
 
     # --- reading ---------------------------------------------------------------------------------------------------
@@ -153,6 +154,7 @@ class Intake:
                 owner, Refused("replay", f"seq {group.seq} was already published by this signer, with v{seen}")
             )
         stale = version - group.version > self.spec.staleness.tau_max
+        self.arrival_lag[min(max(0, version - group.version), self.spec.staleness.tau_max + 1)] += 1
         if group.seq <= self.floor.get(owner, -1) and not stale:
             return self._refuse(
                 owner,
@@ -163,6 +165,7 @@ class Intake:
         self.seqs[owner][group.seq] = group.version
         if stale:
             self.counts["dropped_stale"] += 1
+            self.counts["stale_on_arrival"] += 1
             self._credit(owner, "stale")
             return "stale"
         if group.version not in self.known:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 
 from peer.log import get_logger
 from peer.protocol import Demand, MetricsRecord, metrics_key, owner_subkey, to_dht_value
@@ -19,15 +20,19 @@ REANNOUNCE_EVERY = 120.0  # s; the announcement lives ANNOUNCEMENT_TTL (600 s): 
 class Fetcher:
     """Reads the buckets of the staleness window on a thread; hands each new entry over exactly once.
 
-    Every poll reads the newest two versions' buckets (where rollout peers publish); the whole window every
+    Every poll reads the newest buckets, down to as many versions behind as the groups read in the last
+    ``LAG_SECONDS`` were (at least the newest two: where rollout peers publish); the whole window every
     ``FULL_EVERY`` polls (the late groups of slow peers); and a version's bucket once more as it leaves the window,
     so nothing published into the window goes unread — a late replay is still caught, though its group is too old
     to use. (Reading the whole window every poll made the learner's DHT process the busiest process of the demo:
-    every read fetches and validates every entry of every bucket again.)
+    every read fetches and validates every entry of every bucket again. Reading only the newest two left the groups
+    of peers a few versions behind to the full reads, seconds later: a learner making 2-3 versions a second found
+    them stale.)
     """
 
     FULL_EVERY = 8
     MIN_GAP = 0.05  # s between two reads at least, however often the learner wakes the fetcher
+    LAG_SECONDS = 4.0  # s over which the versions behind of the groups read set how deep the next reads go
 
     def __init__(self, store, window: int, interval: float, skip=()):
         self.store = store
@@ -39,6 +44,7 @@ class Fetcher:
         self.errors = 0
         self._seen: set = set()
         self._polls, self._last = 0, 0
+        self._lags: deque[tuple[float, int]] = deque()  # (monotonic time, most versions behind) of recent reads
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bucket-fetcher", daemon=True)
@@ -56,6 +62,14 @@ class Fetcher:
         self._wake.set()
         self._thread.join(timeout=30)
 
+    def depth(self) -> int:
+        """How many versions below the newest the next (not full) read goes: as far behind as the groups read in the
+        last ``LAG_SECONDS`` were, at least 1, at most the window (what a stranger can make it read is bounded so)."""
+        since = time.monotonic() - self.LAG_SECONDS
+        while self._lags and self._lags[0][0] < since:
+            self._lags.popleft()
+        return max(1, min(self.window, max((lag for _, lag in self._lags), default=1)))
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self.poll()
@@ -66,7 +80,7 @@ class Fetcher:
     def poll(self) -> None:
         """One read: the newest versions, the whole window every ``FULL_EVERY``-th time, the versions leaving."""
         version = self.version
-        depth = self.window if self._polls % self.FULL_EVERY == 0 else min(1, self.window)
+        depth = self.window if self._polls % self.FULL_EVERY == 0 else self.depth()
         self._polls += 1
         hi = version - self.window - 1  # the versions that left the window since the last poll: their last read
         lo = max(0, self._last - self.window, hi - self.FULL_EVERY + 1)  # a jump (a resume) reads a few, not all
@@ -79,6 +93,10 @@ class Fetcher:
             self.errors += 1
             logger.warning("could not read the buckets: %s", e)
             fetched = []
+        behind = [version - f.version for f in fetched if f.group is not None]
+        behind = [lag for lag in behind if 0 <= lag <= self.window]
+        if behind:
+            self._lags.append((time.monotonic(), max(behind)))
         for f in fetched:
             self._seen.add(f.id)
             self.queue.put(f)

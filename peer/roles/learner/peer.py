@@ -142,7 +142,9 @@ class LearnerSummary:
     adapter_sha256: str
     groups_accepted: int  # used in this learner's updates
     groups_dropped_stale: int
+    groups_stale_on_arrival: int  # of those, the ones already too old when read (the rest aged in the pool)
     groups_no_signal: int
+    arrival_lag: dict[int, int]  # groups read by how many versions behind this learner's they were (tau_max + 1: more)
     takes_short: dict[str, int]  # takes short of groups, and of other signers' groups (the share cap)
     groups_rejected: dict[str, int]  # by reason
     ignored_banned: int
@@ -395,7 +397,9 @@ class LearnerPeer:
             adapter_sha256=s.sha,
             groups_accepted=accepted,
             groups_dropped_stale=intake.counts["dropped_stale"],
+            groups_stale_on_arrival=intake.counts["stale_on_arrival"],
             groups_no_signal=intake.counts["no_signal"],
+            arrival_lag=dict(sorted(intake.arrival_lag.items())),
             takes_short={"of_groups": intake.counts["short"], "of_other_signers": intake.counts["short_capped"]},
             groups_rejected=dict(intake.rejected),
             ignored_banned=intake.counts["ignored_banned"],
