@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Container, Iterable
+from collections.abc import Collection, Container, Iterable
 from dataclasses import dataclass
 
 from peer.errors import UserError
 from peer.log import get_logger
+from peer.network.swarm import subkey_tag
 from peer.protocol import (
     BUCKET_RING,
     MAX_GROUPS_PER_ENTRY,
@@ -166,6 +167,7 @@ class DHTBucketStore(BucketStore):
         self._clock = clock
         self._network_at: dict[int, float] = {}  # version -> when its bucket was last read from the network
         self._wide_at: dict[int, float] = {}  # version -> when a read of its bucket last searched wide
+        self._read_out: dict[int, set[int]] = {}  # version -> subkey tags of entries the caller had all groups of
         self.fetch_workers = fetch_workers
         self._pool = None
         self._inflight: dict[GroupId, object] = {}  # first id of a pointer entry being fetched -> its future
@@ -222,7 +224,7 @@ class DHTBucketStore(BucketStore):
     ) -> list[Fetched]:
         out = self._arrived(seen) if self.fetch_workers else []
         for version in _versions(min_version, max_version):
-            for subkey, item in self._entries(version).items():
+            for subkey, item in self._entries(version, self._read_out.get(version, ())).items():
                 try:
                     owner, v, seq = parse_group_subkey(subkey)
                 except (RecordError, UserError, ValueError):
@@ -231,6 +233,7 @@ class DHTBucketStore(BucketStore):
                     continue
                 count = _count_of(item.value)
                 if all((owner, v, seq + i) in seen for i in range(count)):
+                    self._read_out.setdefault(version, set()).add(subkey_tag(subkey))  # not sent again
                     continue
                 if self.fetch_workers and _is_pointer(item.value):
                     self._submit(owner, v, seq, item.value)
@@ -282,22 +285,23 @@ class DHTBucketStore(BucketStore):
                     continue
         return total
 
-    def _entries(self, version: int) -> dict:
-        """The bucket's entries. With ``network_every``, this node's own copy (what writers pushed to it), and the
-        network's only once this version's bucket was not read from it for that long (first reads: the
-        copy). From the network: a narrow search, but a wide one if this version's bucket had none for
+    def _entries(self, version: int, read_out: Collection[int] = ()) -> dict:
+        """The bucket's entries. With ``network_every``, this node's own copy (what writers pushed to it) but for the
+        entries ``read_out`` tags (:func:`~peer.network.swarm.subkey_tag`: a fetch's caller had every group of
+        them), and the network's only once this version's bucket was not read from it for that long (first
+        reads: the copy). From the network: a narrow search, but a wide one if this version's bucket had none for
         ``wide_every`` seconds (each version on its own clock: a reader may read old versions rarely)."""
         key, now = bucket_key(self.swarm.run_id, version), self._clock()
         local = {}
         if self.network_every > 0:
-            local = self.swarm.local_dict(key)
+            local = self.swarm.local_dict(key, read_out)
             if now - self._network_at.setdefault(version, now) < self.network_every:
                 return local
             self._network_at[version] = now
         narrow = self.narrow and now - self._wide_at.setdefault(version, now) < self.wide_every
         if not narrow:
             self._wide_at[version] = now
-        for seen in (self._wide_at, self._network_at):
+        for seen in (self._wide_at, self._network_at, self._read_out):
             if len(seen) > 2 * BUCKET_RING:
                 for old in sorted(seen)[:BUCKET_RING]:
                     del seen[old]

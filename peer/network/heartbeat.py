@@ -159,14 +159,15 @@ def blob_providers(swarm, first: str) -> list:
 
 
 class Reachable:
-    """The peer ids of live peers of ``role`` that others can reach (not in client mode), this peer excluded,
-    re-read from the heartbeats at most every ``every`` seconds: a callable, e.g. a bucket store's ``push_to``.
+    """The peer ids of live peers of ``role`` (one, or a tuple of roles of the ``{run}_peers`` table) that others can
+    reach (not in client mode), this peer excluded, re-read from the heartbeats at most every ``every`` seconds: a
+    callable, e.g. a bucket store's ``push_to``.
 
     ``admitted`` (a :class:`~peer.network.admission.Admitted`): a heartbeat is a claim anyone can make; with it,
     only peers whose signer is an admitted learner bound to that peer id count (fake "learners" get no pushes).
     """
 
-    def __init__(self, swarm, role: str, every: float = 5.0, clock=time.monotonic, admitted=None):
+    def __init__(self, swarm, role: str | tuple[str, ...], every: float = 5.0, clock=time.monotonic, admitted=None):
         self.swarm, self.role, self.every, self._clock = swarm, role, every, clock
         self.admitted = admitted
         self._ids: tuple[str, ...] = ()
@@ -178,7 +179,9 @@ class Reachable:
             self._read_at = now
             me = str(self.swarm.peer_id)
             try:
-                peers = live_peers(self.swarm, self.role)
+                roles = (self.role,) if isinstance(self.role, str) else self.role
+                found = live_peers(self.swarm, roles[0] if len(roles) == 1 else None)  # several: one table's
+                peers = [p for p in found if p.record.role in roles]
             except Exception as e:  # the network boundary: keep the last list, try again later
                 logger.warning("could not read the %s peers: %s", self.role, e)
             else:

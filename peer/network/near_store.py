@@ -100,6 +100,35 @@ async def _store_key(node, key_id, items: list, replicas: int, all_replicas: boo
     return [bool(found.get((key, subkey))) for key, subkey, _, _ in items]
 
 
+async def push(node, items: list, peers: tuple) -> int:
+    """Send ``(key, subkey, value, expiration)`` items, signed, to the nodes of ``peers`` (base58 ids) in the
+    background and return at once: a copy for peers that watch their own node's storage (an adapter announcement
+    for its followers), not a replica store (their nodes validate the records as a replica's does; one that does not
+    answer changes nothing). Returns how many peers it was sent to."""
+    from hivemind.dht.routing import DHTID
+    from hivemind.p2p import PeerID
+
+    by_key: dict = {}
+    for key, subkey, value, expiration in items:
+        by_key.setdefault(DHTID.generate(source=key), []).append((subkey, value, expiration))
+    targets = {PeerID.from_base58(p) for p in peers} - {node.peer_id}
+    for key_id, records in by_key.items():
+        signed = [_signed(node, key_id, subkey, value, expiration) for subkey, value, expiration in records]
+        for peer_id in targets:
+            _keep(
+                asyncio.create_task(
+                    node.protocol.call_store(
+                        peer_id,
+                        keys=[key_id] * len(signed),
+                        values=[r.value for r in signed],
+                        expiration_time=[r.expiration_time for r in signed],
+                        subkeys=[subkey for subkey, _, _ in records],
+                    )
+                )
+            )
+    return len(targets)
+
+
 async def _nearest_nodes(node, key_id, replicas: int) -> dict:
     now = time.monotonic()
     known = _nearest.get(key_id)

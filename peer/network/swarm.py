@@ -81,6 +81,8 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Collection, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -242,9 +244,32 @@ async def _store_file(path: str, all_replicas: bool, narrow: bool, also: tuple, 
     return [bool(found.get((key, subkey))) for key, subkey in zip(keys, subkeys, strict=True)]
 
 
-async def _local_dict(key: str, _dht, node) -> dict:
+async def _push_file(path: str, peers: tuple, _dht, node) -> int:
+    """Runs inside the DHT process: send every record of the msgpack file at ``path`` (then delete it) to ``peers``."""
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    from peer.network.near_store import push
+
+    file = Path(path)
+    try:
+        items = MSGPackSerializer.loads(file.read_bytes())
+    finally:
+        file.unlink(missing_ok=True)
+    return await push(node, items, peers)
+
+
+def subkey_tag(subkey) -> int:
+    """A short tag of a DHT subkey (64 bits of its blake2b): what a reader passes to :meth:`Swarm.local_dict` to
+    skip the entries it has read already."""
+    import hashlib
+
+    data = subkey if isinstance(subkey, bytes) else repr(subkey).encode()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+async def _local_dict(key: str, skip: frozenset, _dht, node) -> dict:
     """Runs inside the DHT process: the dictionary under ``key`` in this node's storage, signatures stripped and
-    values decoded as ``DHT.get`` returns them."""
+    values decoded as ``DHT.get`` returns them, but for the subkeys whose :func:`subkey_tag` is in ``skip``."""
     from hivemind.dht.crypto import DHTRecord
     from hivemind.dht.routing import DHTID
     from hivemind.dht.storage import DictionaryDHTValue
@@ -256,6 +281,8 @@ async def _local_dict(key: str, _dht, node) -> dict:
         return {}
     serializer, validator, out = node.protocol.serializer, node.protocol.record_validator, {}
     for subkey, (value, expiration) in found.value.items():
+        if skip and subkey_tag(subkey) in skip:
+            continue
         if validator is not None:
             value = validator.strip_value(DHTRecord(key_id.to_bytes(), serializer.dumps(subkey), value, expiration))
         out[subkey] = ValueWithExpiration(serializer.loads(value), expiration)
@@ -332,6 +359,12 @@ class Swarm:
         DHT process dies (``BlockingIOError`` then ``EOFError``). They go through a file in a private folder
         instead, and the pipe carries only a small message naming it (docs/protocol.md).
         """
+        with self._spooled(items, what) as path:
+            return self.dht.run_coroutine(partial(_store_file, path, all_replicas, narrow, tuple(also)))
+
+    @contextmanager
+    def _spooled(self, items: list[tuple[str, bytes, Any, float]], what: str):
+        """A file holding ``items`` (each value size-checked) for the DHT process to read; removed after."""
         from hivemind.utils.serializer import MSGPackSerializer
 
         for _, _, value, _ in items:
@@ -341,9 +374,18 @@ class Swarm:
         tmp.write_bytes(MSGPackSerializer.dumps([list(item) for item in items]))
         tmp.replace(path)
         try:
-            return self.dht.run_coroutine(partial(_store_file, str(path), all_replicas, narrow, tuple(also)))
+            yield str(path)
         finally:
             path.unlink(missing_ok=True)
+
+    def push(self, items: list[tuple[str, bytes, Any, float]], peers: Sequence[str], what: str) -> int:
+        """Send ``(key, subkey, value, expiration_time)`` records (size-checked, signed) to the DHT nodes of ``peers``
+        (base58 ids) without waiting for them: a copy for peers that read their own node (:meth:`local_dict`), after
+        the records were stored as usual. Returns how many peers they were sent to."""
+        if not peers:
+            return 0
+        with self._spooled(items, what) as path:
+            return self.dht.run_coroutine(partial(_push_file, path, tuple(peers)))
 
     def get_dict(self, key: str, *, narrow: bool = False) -> dict:
         """The ``{subkey: ValueWithExpiration}`` dictionary under ``key`` (empty if none), merged from every node the
@@ -353,10 +395,11 @@ class Swarm:
             return {}
         return found.value
 
-    def local_dict(self, key: str) -> dict:
+    def local_dict(self, key: str, skip: Collection[int] = ()) -> dict:
         """Like :meth:`get_dict`, from this peer's own DHT node only (what it holds as a replica or was sent with
-        ``also``): no request leaves the process pair."""
-        return self.dht.run_coroutine(partial(_local_dict, key))
+        ``also``): no request leaves the process pair. ``skip``: :func:`subkey_tag` of entries left out (a reader's
+        own, already read: neither decoded in the DHT process nor sent through the pipe again)."""
+        return self.dht.run_coroutine(partial(_local_dict, key, frozenset(skip)))
 
     def shutdown(self) -> None:
         self.dht.shutdown()

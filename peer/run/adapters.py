@@ -8,6 +8,14 @@ so that the sampling loop only has to copy tensors between two batches. The blob
 transfer and again, after the swap, by hashing the adapter the model actually holds (see
 :mod:`peer.roles.rollout.peer`).
 
+Announcements are also pushed: a learner sends each one to the DHT nodes of the run's live rollout peers and
+observers (at most ``MAX_PUSHED``, from their heartbeats) right after storing it, and an :class:`AdapterFollower`
+looks at its own node's copy every ``local_every`` seconds between two reads of the network. A newer version seen
+there (from an admitted learner) makes it take the announcements at once, from that copy, not at its next read of
+the network: a new version reaches a pushed follower in about a tenth of a second, not half of its poll interval
+plus a read. The copy is held by the follower's own node, which validated each record as a replica does, and is
+judged as a network read is: admitted learners only, the newest of each.
+
 Only admitted learners write the lineage (:mod:`peer.network.admission`): :func:`announcements` given the run's
 :class:`~peer.network.admission.Admitted` drops every other signer's record, and the coordinator's except v0. A
 version whose blob fails to load or check is *refused* (:meth:`AdapterFollower.refuse`): remembered by sha256,
@@ -56,6 +64,8 @@ RETRY_EVERY = 0.1  # s before the second round while providers answer "seeded" o
 PATIENCE = 5.0  # s a fetch keeps trying rounds: past the learner's seeding grace (3 s), it serves anyone
 MAX_POLL = 2.0  # s between two reads of the announcements at most, when versions come slowly (see poll_every)
 REDEMAND_EVERY = 2.0  # s between a waiting learner's re-announcements of its version (a fresh demand: alive)
+MAX_PUSHED = 32  # followers an announcement is pushed to at most (a sample of them when more are alive)
+LOCAL_EVERY = 0.1  # s between a follower's looks at its own DHT node's copy of the announcements
 
 
 ANNOUNCEMENT_TTL = 600.0
@@ -71,12 +81,14 @@ def announce_adapter(
     ancestors=(),
     demand: Demand | None = None,
     exempt: Sequence[str] | None = None,
+    push_to: Sequence[str] = (),
 ) -> AdapterRecord:
     """Serve ``blob`` from this peer's cache and announce it as adapter ``version`` under this peer's subkey;
     ``ancestors``: the sha256 of the versions before it, newest first (the parent first), as far as known;
     ``demand``: what this learner consumes (rollout peers pace to it). The blob is *seeded*: served to a couple
     of peers, then to the peers ``exempt`` names (the run's other learners) and, for a few seconds, nobody else
-    (see :class:`~peer.network.blobs.server.Seeding`)."""
+    (see :class:`~peer.network.blobs.server.Seeding`). ``push_to``: the followers whose DHT nodes get the
+    announcement too, at once (at most ``MAX_PUSHED`` of them; the module docstring)."""
     sha = blobs.cache.put_bytes(blob)
     if getattr(blobs, "seeding", None) is not None:
         blobs.seeding.seed(sha, exempt)
@@ -91,15 +103,17 @@ def announce_adapter(
         learner=str(swarm.peer_id),
         demand=demand,
     )
+    key, subkey, value = adapter_key(swarm.run_id), owner_subkey(swarm.public_key), to_dht_value(record)
+    followers = list(push_to)
+    if len(followers) > MAX_PUSHED:
+        followers = random.sample(followers, MAX_PUSHED)
+    if followers:  # first: the store below waits for every replica, the followers need not
+        try:
+            swarm.push([(key, subkey, value, time.time() + ttl)], followers, "adapter announcement")
+        except Exception as e:  # the network boundary: the followers read the announcements anyway
+            logger.debug("could not push the announcement of adapter v%d: %s", version, e)
     for attempt in range(4):  # a store can come back refused under load; the retry expires later, so it wins
-        expires = time.time() + ttl
-        if swarm.store(
-            adapter_key(swarm.run_id),
-            owner_subkey(swarm.public_key),
-            to_dht_value(record),
-            expires,
-            "adapter announcement",
-        ):
+        if swarm.store(key, subkey, value, time.time() + ttl, "adapter announcement"):
             break
         time.sleep(0.25 * 2**attempt)
     else:
@@ -120,11 +134,13 @@ class Announcement:
     demand_created: float = 0.0  # that announcement's time (a learner re-announces while it waits for groups)
 
 
-def announcements(swarm, admitted=None) -> list[tuple[bytes, AdapterRecord]]:
+def announcements(swarm, admitted=None, local: bool = False) -> list[tuple[bytes, AdapterRecord]]:
     """Every well-formed adapter announcement of the run with the key that signed it; with ``admitted`` (an
-    :class:`~peer.network.admission.Admitted`) only those of admitted learners (and the coordinator's v0)."""
+    :class:`~peer.network.admission.Admitted`) only those of admitted learners (and the coordinator's v0);
+    ``local``: those this peer's own DHT node holds (pushed to it, or as a replica), without a network read."""
+    key = adapter_key(swarm.run_id)
     out = []
-    for subkey, item in swarm.get_dict(adapter_key(swarm.run_id)).items():
+    for subkey, item in (swarm.local_dict(key) if local else swarm.get_dict(key)).items():
         try:
             signer, record = parse_owner_subkey(subkey), from_dht_value(AdapterRecord, item.value)
         except (RecordError, ValueError):
@@ -356,6 +372,7 @@ class AdapterFollower:
         held_version: int,
         *,
         interval: float = 0.5,
+        local_every: float = LOCAL_EVERY,
         fetch_timeout: float = 30.0,
         others: Callable[[], Sequence] | None = None,
         admitted=None,
@@ -369,6 +386,8 @@ class AdapterFollower:
         self.refused: dict[str, str] = {}  # sha256 of versions refused -> why (bounded)
         self.check = check  # blob -> None if this model can load it, else why not
         self.interval = interval
+        self.local_every = local_every  # s between looks at this node's own copy (0: never; the module docstring)
+        self._local_seen: dict = {}  # subkey -> expiration of the records of this node's copy already looked at
         self.version_interval = 0.0  # s between versions, a moving average of what was announced (0: not known)
         self.fetch_timeout = fetch_timeout
         self.held_version = held_version
@@ -422,9 +441,10 @@ class AdapterFollower:
             while len(self.refused) > 256:
                 self.refused.pop(next(iter(self.refused)))
 
-    def poll(self) -> None:
-        """One look at the table (the thread calls this; tests may too)."""
-        records = [(k, r) for k, r in announcements(self.swarm, self.admitted) if r.sha256 not in self.refused]
+    def poll(self, network: bool = True) -> None:
+        """One look at the table (the thread calls this; tests may too): the network's and this node's own copy
+        (``network=False``: the own copy only, right after it showed a newer version)."""
+        records = [(k, r) for k, r in self.records(network) if r.sha256 not in self.refused]
         with self._lock:
             held = (self.held_version, self.held_sha) if self.held_sha else None
         found = newest_announcement(records, held)
@@ -464,18 +484,78 @@ class AdapterFollower:
         self._wake.set()
         say_held(self.swarm, self.blobs, found, listed)  # after the sampler has it: this store takes a while
 
+    def records(self, network: bool = True) -> list[tuple[bytes, AdapterRecord]]:
+        """The network's announcements and this node's own copy's, the newest of each signer."""
+        found = announcements(self.swarm, self.admitted) if network else []
+        if self.local_every > 0:
+            try:
+                found += announcements(self.swarm, self.admitted, local=True)
+            except Exception as e:  # the DHT process is busy or gone: the network's are enough
+                logger.debug("could not read this node's announcements: %s", e)
+        newest: dict[bytes, AdapterRecord] = {}
+        for signer, record in found:
+            held = newest.get(signer)
+            if held is None or (record.version, record.created) > (held.version, held.created):
+                newest[signer] = record
+        return list(newest.items())
+
     def _newest_known(self) -> int:
         """The newest version held or waiting to be taken (call with the lock held)."""
         return max(self.held_version, self._ready[0].version if self._ready else -1)
 
     def _run(self) -> None:
+        network = True
         while not self._stop.is_set():
             try:
-                self.poll()
+                self.poll(network)
             except Exception as e:  # the network boundary: a bad announcement or a failed fetch; try again
                 logger.warning("could not follow the newest adapter: %s", e)
                 self._stop.wait(min(5.0, 4 * self.interval))
-            self._stop.wait(self.poll_every())
+            network = not self._watch(self.poll_every())
+
+    def _watch(self, seconds: float) -> bool:
+        """Wait ``seconds`` for the next read of the network, looking at this node's own copy of the announcements
+        every ``local_every`` s meanwhile; return True early when it holds a version newer than this peer knows."""
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self.local_every <= 0:
+                self._stop.wait(left)
+                return False
+            if self._stop.wait(min(self.local_every, left)):
+                return False
+            if self.local_newer():
+                return True
+        return False
+
+    def local_newer(self) -> bool:
+        """Whether this node's own copy of the announcements (what learners pushed to it, or holds as a replica)
+        names a version newer than this peer holds or waits to take, announced by an admitted learner. Only records
+        not looked at before are parsed; a stranger's pushed records are read once and never followed."""
+        try:
+            found = self.swarm.local_dict(adapter_key(self.swarm.run_id))
+        except Exception as e:  # the DHT process is busy or gone: the network read comes anyway
+            logger.debug("could not read this node's announcements: %s", e)
+            return False
+        with self._lock:
+            known = self._newest_known()
+        newer = False
+        for subkey, item in found.items():
+            if self._local_seen.get(subkey) == item.expiration_time:
+                continue
+            self._local_seen[subkey] = item.expiration_time
+            try:
+                signer, record = parse_owner_subkey(subkey), from_dht_value(AdapterRecord, item.value)
+            except (RecordError, ValueError):
+                continue
+            if self.admitted is not None and self.admitted.admits_announcement(signer, record) is not None:
+                continue
+            newer = newer or (record.version > known and record.sha256 not in self.refused)
+        while len(self._local_seen) > 4 * MAX_PUSHED:  # subkeys gone from the copy are forgotten, oldest first
+            self._local_seen.pop(next(iter(self._local_seen)))
+        return newer
 
     def poll_every(self) -> float:
         """Seconds until the next read of the announcements: ``interval``, or a quarter of the time between versions

@@ -239,7 +239,7 @@ def test_narrow_stores_look_a_key_up_once_and_again_after_a_replica_stops_answer
 def test_a_pushed_entry_reaches_a_reader_that_is_no_replica_and_a_bad_one_is_refused_by_its_node():
     """Seven peers: on a bucket key the reader does not replicate, a narrow store leaves nothing in the reader's
     own node; the same store pushed to it does (its node validates it like a replica's), a wrong-schema one not."""
-    from peer.network.swarm import NetworkConfig, join
+    from peer.network.swarm import NetworkConfig, join, subkey_tag
     from peer.protocol import BucketEntry, bucket_key, group_subkey, to_dht_value
 
     with contextlib.ExitStack() as stack:
@@ -268,6 +268,9 @@ def test_a_pushed_entry_reaches_a_reader_that_is_no_replica_and_a_bad_one_is_ref
         assert [group_subkey(w.public_key, version, 2)] == list(held), "the pushed entry and only it"
         got = BucketEntry.parse_obj(held[group_subkey(w.public_key, version, 2)].value)
         assert [g.seq for g in got.inline] == [2]
+        tag = subkey_tag(group_subkey(w.public_key, version, 2))
+        assert r.local_dict(key, skip={tag}) == {}, "an entry the reader has is left out, in the DHT process"
+        assert r.local_dict(key, skip={tag ^ 1}).keys() == held.keys()
 
 
 def test_learners_others_can_reach_are_named_for_pushes_not_client_mode_ones():

@@ -76,7 +76,7 @@ def test_a_reader_with_pushed_copies_reads_its_own_node_and_the_network_only_now
     calls, now = [], [100.0]
     swarm = SimpleNamespace(
         run_id="r",
-        local_dict=lambda key: calls.append(("local", key)) or {},
+        local_dict=lambda key, skip=(): calls.append(("local", key)) or {},
         get_dict=lambda key, narrow: calls.append(("network", key)) or {},
     )
     store = DHTBucketStore(swarm, network_every=1.0, clock=lambda: now[0])
@@ -108,3 +108,30 @@ def test_a_writer_pushes_its_entries_to_the_peers_push_to_names_on_narrow_stores
     DHTBucketStore(swarm, narrow=False, push_to=lambda: ("QmLearner",)).publish(make_group(version=2, seq=1))
     DHTBucketStore(swarm).publish(make_group(version=2, seq=2))
     assert stored == [(True, ("QmLearner",)), (False, ()), (True, ())]
+
+
+def test_entries_whose_groups_a_reader_has_are_left_out_of_its_next_reads_of_its_own_node():
+    """What the caller already had all groups of is not decoded and sent through the DHT pipe again: its subkey's
+    tag goes with every later read of the node's own copy (the real node skips those, tests/integration)."""
+    from hivemind.utils.timed_storage import ValueWithExpiration
+
+    from peer.network.swarm import subkey_tag
+    from peer.protocol import BucketEntry, group_subkey, to_dht_value
+
+    owner = b"ssh-rsa A"
+    subkey = group_subkey(owner, 3, 0)
+    held = {subkey: ValueWithExpiration(to_dht_value(BucketEntry.of_groups([make_group(version=3, seq=0)])), 1e12)}
+    skips = []
+
+    def local_dict(key, skip=()):
+        skips.append(set(skip))
+        return {k: v for k, v in held.items() if subkey_tag(k) not in skip}
+
+    swarm = SimpleNamespace(run_id="r", local_dict=local_dict, get_dict=lambda key, narrow: {})
+    store = DHTBucketStore(swarm, network_every=60.0)
+    got = store.fetch(3, 3)
+    assert [(f.owner, f.version, f.seq) for f in got] == [(owner, 3, 0)] and skips[-1] == set()
+    assert store.fetch(3, 3, seen=ids(got)) == [] and skips[-1] == set(), "read again: the caller had it"
+    assert store.fetch(3, 3, seen=ids(got)) == [] and skips[-1] == {subkey_tag(subkey)}, "then left out"
+    assert store.fetch(4, 4) == [] and skips[-1] == set(), "per version"
+    assert store.count(3, 3) == 1 and skips[-1] == set(), "a count leaves nothing out"

@@ -116,11 +116,12 @@ class Announcer:
     GATE_POLL = 0.01  # s between two looks at a closed gate
     GATE_FLUSH = 3.0  # s a flush waits for a closed gate before giving up on that submission
 
-    def __init__(self, swarm, blobs, lineage=None, exempt=None):
+    def __init__(self, swarm, blobs, lineage=None, exempt=None, followers=None):
         self.swarm = swarm
         self.blobs = blobs
         self.lineage = lineage  # () -> {version: sha256} of the learner's recent lineage (for ancestors)
         self.exempt = exempt  # () -> peer ids served whenever they ask (the run's other learners), not seeded to
+        self.followers = followers  # () -> peer ids each announcement is pushed to (peer.run.adapters)
         self.announced = -1
         self.failures = 0
         self._pending: tuple | None = None
@@ -224,6 +225,7 @@ class Announcer:
                     ancestors=self._ancestors(version, parent),
                     demand=demand,
                     exempt=self.exempt() if self.exempt is not None else None,
+                    push_to=self.followers() if self.followers is not None else (),
                 )
                 self.announced, self._current, last = version, pending, time.monotonic()
                 if metrics is not None:

@@ -236,7 +236,10 @@ class LearnerPeer:
         self._closers.add(self.store.close)
         self._closers.add(self.stop_fetcher)
         learners = Reachable(s.swarm, "learner", admitted=s.admitted)  # served new versions at once (not seeded)
-        self.announcer = Announcer(s.swarm, s.blobs, lineage=lambda: self.intake.known, exempt=learners)
+        followers = Reachable(s.swarm, ("rollout", "observer"))  # each announcement is pushed to their DHT nodes
+        self.announcer = Announcer(
+            s.swarm, s.blobs, lineage=lambda: self.intake.known, exempt=learners, followers=followers
+        )
         self._closers.add(self.announcer.close)
         self.credit_publisher = CreditPublisher(s.swarm, self.credit, lambda: self.session.version).start()
         self._closers.add(self.credit_publisher.close)
