@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import random
+import threading
 import time
 from collections import Counter, OrderedDict
 
@@ -65,6 +66,8 @@ class Teamwork:
         self._deposed = False  # it led, and a helper of its took over: its own newer versions give way
         self._synced = False  # holds the team's AdamW state (from a state, or by having led)
         self._next_rival_check = 0.0
+        self._rival: tuple[int, str] | None = None  # (version, peer id) of a learner leading a better lineage
+        self._looking: threading.Thread | None = None  # the thread of the current look for such a learner
         self._next_team_check = 0.0
         self._unreachable: dict[str, float] = {}  # learner -> until when not to probe it again
         self.leader_bans: OrderedDict[str, str] = OrderedDict()  # bans the leader reported (signer hex -> why)
@@ -96,7 +99,12 @@ class Teamwork:
                 self.check_team(self.lead.helpers() + self.lead.silent())
             if self.leader is not None:
                 return
-        if time.monotonic() >= self._next_rival_check:
+        rival, self._rival = self._rival, None
+        if rival is not None and team.wins(rival, (self.peer.session.version, self.me)):
+            logger.warning("learner %s leads another lineage, at v%d: following it", rival[1], rival[0])
+            self.follow(rival[1])
+            return
+        if time.monotonic() >= self._next_rival_check and (self._looking is None or not self._looking.is_alive()):
             self.check_rivals()
 
     def check_team(self, members: list[str]) -> None:
@@ -252,7 +260,7 @@ class Teamwork:
         self.leader, self.members, self._synced = None, [self.me], True
         self.leader_bans.clear()  # the last leader's decisions: this learner's intake judges for itself now
         self.peer.state.bans_recorded = len(self.peer.intake.banned)
-        self._next_rival_check = time.monotonic() + RIVAL_CHECK_EVERY
+        self._next_rival_check, self._rival = time.monotonic() + RIVAL_CHECK_EVERY, None
         if self.counts["led"] or self.counts["followed"]:  # a takeover: what the last leader counted, by maximum
             self.peer.merge_credit()  # (at start, the learner merged before its intake counted anything)
         self.peer.start_fetcher()
@@ -422,31 +430,40 @@ class Teamwork:
         except Exception as e:  # the leader will compute the share itself
             logger.warning("could not send a share's gradient to the leader: %s", e)
 
-    def check_rivals(self) -> None:
-        """Another learner leading a lineage of its own (two started at once)? The better one stays leader."""
+    def check_rivals(self) -> threading.Thread:
+        """Another learner leading a lineage of its own (two started at once)? The better one stays leader. The
+        DHT reads and probes run on a thread of their own, so the updates never wait on them; what it finds
+        (``_rival``: the rival's version and peer id) is followed by the next :meth:`leader_turn`, if it still
+        wins then."""
         self._next_rival_check = time.monotonic() + RIVAL_CHECK_EVERY
+        mine = {v: sha for v, (sha, _) in self.peer.state.window.items()}
+        args = (mine, set(self.lead.helpers()), self.peer.session.version)
+        self._looking = threading.Thread(target=self._look_for_rival, args=args, name="rival-check", daemon=True)
+        self._looking.start()
+        return self._looking
+
+    def _look_for_rival(self, mine: dict[int, str], helpers: set[str], version: int) -> None:
         s = self.peer.session
         from peer.network.heartbeat import live_peers
 
-        mine = {v: sha for v, (sha, _) in self.peer.state.window.items()}
-        helpers = set(self.lead.helpers())
-        alive = {p.record.peer_id for p in live_peers(s.swarm, "learner")}  # a dead one's announcement lingers
-        for _, r in announcements(s.swarm, s.admitted):
-            if (
-                r.learner not in alive
-                or r.learner in helpers
-                or r.learner == self.me
-                or mine.get(r.version) == r.sha256
-            ):
-                continue
-            if r.version < s.version - team.KEEP_STEPS:
-                continue
-            answer = self._probe(r.learner)
-            leads = answer and answer.get("leading") and isinstance(answer.get("version"), int)
-            if leads and team.wins((answer["version"], r.learner), (s.version, self.me)):
-                logger.warning("learner %s leads another lineage, at v%d: following it", r.learner, answer["version"])
-                self.follow(r.learner)
-                return
+        try:
+            alive = {p.record.peer_id for p in live_peers(s.swarm, "learner")}  # a dead one's announcement lingers
+            for _, r in announcements(s.swarm, s.admitted):
+                if (
+                    r.learner not in alive
+                    or r.learner in helpers
+                    or r.learner == self.me
+                    or mine.get(r.version) == r.sha256
+                    or r.version < version - team.KEEP_STEPS
+                ):
+                    continue
+                answer = self._probe(r.learner)
+                leads = answer and answer.get("leading") and isinstance(answer.get("version"), int)
+                if leads and team.wins((answer["version"], r.learner), (version, self.me)):
+                    self._rival = (answer["version"], r.learner)
+                    return
+        except Exception as e:  # the network boundary: look again at the next check
+            logger.warning("could not look for other learners leading a lineage: %s", e)
 
     def collect(self, tasks: dict, deadline: float) -> dict[int, Share]:
         """The helpers' gradients for ``tasks`` (id -> helper, groups, their tokens as counted here) that arrive
