@@ -9,7 +9,8 @@ transfer and again, after the swap, by hashing the adapter the model actually ho
 :mod:`peer.roles.rollout.peer`).
 
 Announcements are also pushed: a learner sends each one to the DHT nodes of the run's live rollout peers and
-observers (at most ``MAX_PUSHED``, from their heartbeats) right after storing it, and an :class:`AdapterFollower`
+observers (at most ``MAX_PUSHED``, from their heartbeats) as it stores it (the push first: the store waits for
+every replica, a follower need not), and an :class:`AdapterFollower`
 looks at its own node's copy every ``local_every`` seconds between two reads of the network. A newer version seen
 there (from an admitted learner) makes it take the announcements at once, from that copy, not at its next read of
 the network: a new version reaches a pushed follower in about a tenth of a second, not half of its poll interval
@@ -66,6 +67,7 @@ MAX_POLL = 2.0  # s between two reads of the announcements at most, when version
 REDEMAND_EVERY = 2.0  # s between a waiting learner's re-announcements of its version (a fresh demand: alive)
 MAX_PUSHED = 32  # followers an announcement is pushed to at most (a sample of them when more are alive)
 LOCAL_EVERY = 0.1  # s between a follower's looks at its own DHT node's copy of the announcements
+MAX_LOCAL_SEEN = 4096  # records of that copy a follower remembers having looked at (a full key: ~3,200 at most)
 
 
 ANNOUNCEMENT_TTL = 600.0
@@ -553,7 +555,8 @@ class AdapterFollower:
             if self.admitted is not None and self.admitted.admits_announcement(signer, record) is not None:
                 continue
             newer = newer or (record.version > known and record.sha256 not in self.refused)
-        while len(self._local_seen) > 4 * MAX_PUSHED:  # subkeys gone from the copy are forgotten, oldest first
+        while len(self._local_seen) > MAX_LOCAL_SEEN:  # the oldest looked at are forgotten first (every node
+            # bounds a key to 2 MiB, peer.network.quota: a record and its subkey are ~660 bytes at least)
             self._local_seen.pop(next(iter(self._local_seen)))
         return newer
 
