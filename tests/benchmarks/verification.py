@@ -133,7 +133,7 @@ def sample(model, tokenizer, spec, seqs: range, seed: int) -> list:
     import torch
 
     from peer.model.sampling import sample_groups
-    from peer.roles.rollout.peer import build_groups
+    from peer.roles.rollout.groups import build_groups
 
     s = spec.sampling
     groups = []

@@ -61,7 +61,7 @@ def sample_run(groups_per_signer: dict[bytes, int] = GROUPS_PER_SIGNER) -> Simpl
     from peer.model.adapter import attach_lora
     from peer.model.config import LoRAConfig, ModelConfig
     from peer.model.loading import bundled_path, load_base
-    from peer.roles.rollout.peer import build_groups
+    from peer.roles.rollout.groups import build_groups
     from peer.run.spec import run_spec
 
     manifest = build_manifest(RunSettings(run_id="intake"), bundled_path(), "0" * 64, PEER_ID)

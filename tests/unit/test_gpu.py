@@ -79,7 +79,7 @@ def test_a_micro_batched_step_on_the_gpu_gives_the_whole_batchs_gradient():
     from types import SimpleNamespace
 
     from peer.roles.learner.update import batch_tensors, share_gradient
-    from peer.roles.rollout.peer import build_groups
+    from peer.roles.rollout.groups import build_groups
     from tests.benchmarks import verification as bench
 
     spec = bench.run_spec()
@@ -118,7 +118,7 @@ def test_a_real_cuda_out_of_memory_halves_the_batch():
 def test_a_bfloat16_gpu_peer_passes_a_float32_cpu_learners_spot_check():
     from peer.model.sampling import sample_groups
     from peer.roles.learner.verify import check_logprobs_many
-    from peer.roles.rollout.peer import build_groups
+    from peer.roles.rollout.groups import build_groups
     from tests.benchmarks import verification as bench
 
     spec = bench.run_spec()

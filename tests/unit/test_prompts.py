@@ -310,7 +310,7 @@ def test_a_peer_refuses_a_manifest_with_bad_prompt_settings(template_model, prom
 
 def test_the_learner_checks_prompt_tokens_against_the_chat_template(template_model, model, chat_tokenizer):
     from peer.roles.learner.verify import check_group
-    from peer.roles.rollout.peer import build_groups
+    from peer.roles.rollout.groups import build_groups
     from peer.run.spec import run_spec
 
     owner, sha = b"owner-key", "a" * 64

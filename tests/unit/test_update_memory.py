@@ -30,7 +30,7 @@ def _build(quantization: str, dtype: torch.dtype) -> SimpleNamespace:
     from peer.model.adapter import attach_lora, lora_parameters
     from peer.model.config import LoRAConfig, ModelConfig
     from peer.model.loading import bundled_path, load_base
-    from peer.roles.rollout.peer import build_groups
+    from peer.roles.rollout.groups import build_groups
     from peer.run.spec import run_spec
 
     manifest = build_manifest(RunSettings(run_id="micro"), bundled_path(), "0" * 64, PEER_ID)

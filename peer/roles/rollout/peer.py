@@ -48,7 +48,8 @@ from peer.model.memory import (
 )
 from peer.model.sampling import Completions, encode_prompts, sample_groups
 from peer.network.swarm import NetworkConfig
-from peer.protocol import Completion, GroupRecord, encode_tokens, key_fingerprint
+from peer.protocol import GroupRecord, key_fingerprint
+from peer.roles.rollout.groups import build_groups
 from peer.roles.rollout.pacing import (
     DEMAND_FRESH_FACTOR,
     DEMAND_FRESH_SLACK,
@@ -63,7 +64,7 @@ from peer.roles.rollout.publisher import MAX_GATHERED_GROUPS, Publisher, Sampled
 from peer.roles.supervisor import supervise
 from peer.run.adapters import REDEMAND_EVERY, AdapterFollower
 from peer.run.session import Session, SessionConfig, default_cache_dir, open_session, settle_process
-from peer.run.spec import RunSpec, prompt_seed, sampling_seed
+from peer.run.spec import RunSpec, sampling_seed
 
 logger = get_logger(__name__)
 
@@ -141,45 +142,6 @@ class _SeqCounter:
             tmp.write_text(json.dumps({"next": self.next}))
             tmp.replace(self.path)
         return range(first, self.next)
-
-
-def build_groups(
-    batch: Completions,
-    rewards: list[float],
-    seqs: range,
-    spec: RunSpec,
-    *,
-    version: int,
-    sha: str,
-    owner: bytes,
-    producer: str,
-) -> list[GroupRecord]:
-    """One GroupRecord per prompt of a sampled batch (rows are prompt-major: row = p * G + g)."""
-    G = spec.sampling.group_size
-    ids, cmask, logps = batch.completion_ids.tolist(), batch.completion_mask.tolist(), batch.logprobs.tolist()
-    groups, now, task_seed = [], time.time(), prompt_seed(spec.seed, owner)
-    for p, seq in enumerate(seqs):
-        row = p * G
-        prompt = batch.prompt_ids[row][batch.prompt_mask[row].bool()].tolist()
-        completions = []
-        for r in range(row, row + G):
-            kept = [i for i, m in enumerate(cmask[r]) if m]
-            completions.append(Completion.of([ids[r][i] for i in kept], [min(0.0, logps[r][i]) for i in kept]))
-        groups.append(
-            GroupRecord(
-                version=version,
-                adapter_sha256=sha,
-                producer=producer,
-                seq=seq,
-                task_seed=task_seed,
-                task_index=seq,
-                prompt_ids=encode_tokens(prompt),
-                completions=completions,
-                rewards=[float(x) for x in rewards[row : row + G]],
-                created=now,
-            )
-        )
-    return groups
 
 
 @dataclass(frozen=True)
