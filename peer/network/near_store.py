@@ -51,15 +51,10 @@ async def _store_key(node, key_id, items: list, replicas: int, all_replicas: boo
     subkeys = [subkey for _, subkey, _, _ in items]
     expirations = [expiration for *_, expiration in items]
     records = [_signed(node, key_id, subkey, value, expiration) for _, subkey, value, expiration in items]
-    values = [record.value for record in records]
     stored = [False] * len(items)
 
     def send(peer_id):
-        return asyncio.create_task(
-            node.protocol.call_store(
-                peer_id, keys=[key_id] * len(items), values=values, expiration_time=expirations, subkeys=subkeys
-            )
-        )
+        return _send(node, peer_id, key_id, subkeys, records)
 
     tasks = []
     for node_id, peer_id in nearest.items():
@@ -115,18 +110,22 @@ async def push(node, items: list, peers: tuple) -> int:
     for key_id, records in by_key.items():
         signed = [_signed(node, key_id, subkey, value, expiration) for subkey, value, expiration in records]
         for peer_id in targets:
-            _keep(
-                asyncio.create_task(
-                    node.protocol.call_store(
-                        peer_id,
-                        keys=[key_id] * len(signed),
-                        values=[r.value for r in signed],
-                        expiration_time=[r.expiration_time for r in signed],
-                        subkeys=[subkey for subkey, _, _ in records],
-                    )
-                )
-            )
+            _keep(_send(node, peer_id, key_id, [subkey for subkey, _, _ in records], signed))
     return len(targets)
+
+
+def _send(node, peer_id, key_id, subkeys: list, records: list):
+    """One store request of the signed ``records`` (under ``key_id``, with their ``subkeys``) to ``peer_id``: a
+    task that answers what the peer's node took, or None if it did not answer."""
+    return asyncio.create_task(
+        node.protocol.call_store(
+            peer_id,
+            keys=[key_id] * len(records),
+            values=[r.value for r in records],
+            expiration_time=[r.expiration_time for r in records],
+            subkeys=subkeys,
+        )
+    )
 
 
 async def _nearest_nodes(node, key_id, replicas: int) -> dict:

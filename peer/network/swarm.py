@@ -380,8 +380,8 @@ class Swarm:
 
     def push(self, items: list[tuple[str, bytes, Any, float]], peers: Sequence[str], what: str) -> int:
         """Send ``(key, subkey, value, expiration_time)`` records (size-checked, signed) to the DHT nodes of ``peers``
-        (base58 ids) without waiting for them: a copy for peers that read their own node (:meth:`local_dict`), after
-        the records were stored as usual. Returns how many peers they were sent to."""
+        (base58 ids) without waiting for them: a copy for peers that read their own node (:meth:`local_dict`), beside
+        the usual store of the records. Returns how many peers they were sent to."""
         if not peers:
             return 0
         with self._spooled(items, what) as path:
