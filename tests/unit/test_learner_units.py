@@ -342,6 +342,24 @@ def test_the_fetcher_reads_every_group_published_into_its_window_once(setup):
     assert found == [(3, 10)] and 1 < polls <= _Fetcher.FULL_EVERY, "read by the next whole-window read"
 
 
+def test_how_far_back_the_fetcher_reads_is_bounded_by_the_window(setup):
+    """What a stranger publishes far behind cannot make every read cover more than the staleness window."""
+    from peer.network.buckets import MemoryBucketStore
+    from peer.roles.learner.io import Fetcher as _Fetcher
+
+    store = MemoryBucketStore(A)
+    fetcher = _Fetcher(store, window=4, interval=0.01)
+    fetcher.version = 10
+    g = setup.groups[A][0]
+    store.publish(changed(g, version=2, seq=0))  # 8 versions behind: read once as its bucket leaves, never used
+    fetcher.poll()
+    assert fetcher.queue.qsize() == 1 and fetcher.depth() == 1, "a group beyond the window deepens nothing"
+    store.publish(changed(g, version=6, seq=1))  # 4 behind: the window's edge
+    for _ in range(_Fetcher.FULL_EVERY):
+        fetcher.poll()
+    assert fetcher.queue.qsize() == 2 and fetcher.depth() == 4, "at most the window"
+
+
 def test_the_fetcher_does_not_read_what_banned_signers_publish(setup):
     from peer.network.buckets import MemoryBucketStore
     from peer.roles.learner.io import Fetcher as _Fetcher
