@@ -5,7 +5,8 @@
 1. ``RSASignatureValidator(private_key)`` — signs what this peer stores under its own ``[owner:KEY]`` subkeys and
    verifies, on every store and every fetched record, that a record under an owner subkey is signed by that key.
    hivemind signs ``(key id, subkey, value, expiration)``: a record cannot be altered, moved to another subkey or
-   given a longer life by anyone else. It runs first (priority 10) and strips the signature before the next.
+   given a longer life by anyone else. It runs first (priority 10) and strips the signature before the next. It
+   remembers the signatures it accepted, so a record fetched again is not verified again.
 2. ``SchemaValidator(RunSchema, allow_extra_keys=False, prefix=run_id)`` — the run's keys
    (:mod:`peer.protocol.keys`) must hold dictionary values whose subkeys are owner-signed and whose values match
    their record schema (:mod:`peer.protocol.records`) without type conversion; any other key is refused. It
@@ -130,15 +131,41 @@ def _check_holders(cls, value: dict[bytes, HolderRecord] | None, field: Any) -> 
     return value
 
 
+def _digest(*fields: bytes) -> bytes:
+    """A digest of the fields that no other split of the same bytes into fields shares (each is length-prefixed)."""
+    return hashlib.sha256(b"".join(len(f).to_bytes(8, "big") + f for f in fields)).digest()
+
+
 class _TotalRSASignatureValidator(RSASignatureValidator):
     """hivemind's ``RSASignatureValidator`` that refuses, instead of raising on, an ``[owner:...]`` marker around
-    something that is not an RSA public key (``ValueError: Invalid line format``): a remote peer can send one."""
+    something that is not an RSA public key (``ValueError: Invalid line format``): a remote peer can send one.
+
+    It remembers the records whose signature it accepted (a digest of key, subkey, signed value and expiration: all
+    the signature covers), as :class:`_RememberingSchemaValidator` does their schemas: hivemind verifies every
+    record of every dictionary it fetches, on every get, and a learner reads the same buckets again every second.
+    The answer for the same bytes cannot change; refusals are not remembered."""
+
+    REMEMBER = 16384  # digests (32 bytes each)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._accepted: OrderedDict[bytes, None] = OrderedDict()
 
     def validate(self, record) -> bool:
+        digest = _digest(record.key, record.subkey, record.value, repr(record.expiration_time).encode())
+        accepted = self._accepted
+        if digest in accepted:
+            accepted.move_to_end(digest)
+            return True
         try:
-            return super().validate(record)
+            if not super().validate(record):
+                return False
         except Exception:  # noqa: BLE001 - a validator answers, never raises
             return False
+        accepted[digest] = None
+        if len(accepted) > self.REMEMBER:
+            accepted.popitem(last=False)
+        return True
 
 
 class _RunSchemaConfig(pydantic.BaseConfig):
@@ -190,7 +217,7 @@ class _RememberingSchemaValidator(SchemaValidator):
         self._accepted: OrderedDict[bytes, None] = OrderedDict()
 
     def validate(self, record) -> bool:
-        digest = hashlib.sha256(b"\0".join((record.key, record.subkey, record.value))).digest()
+        digest = _digest(record.key, record.subkey, record.value)
         accepted = self._accepted
         if digest in accepted:
             accepted.move_to_end(digest)

@@ -77,6 +77,26 @@ def test_an_accepted_record_is_not_parsed_again_and_a_refused_one_always_is(monk
     assert len(pickle.loads(pickle.dumps(schema))._accepted) == 2, "what it remembered travels to the DHT process"
 
 
+def test_an_accepted_signature_is_not_verified_again_and_no_other_record_passes_for_it(monkeypatch):
+    from hivemind.utils.crypto import RSAPublicKey
+
+    validator = composite()
+    verifies = []
+    real = RSAPublicKey.verify
+    monkeypatch.setattr(RSAPublicKey, "verify", lambda self, data, sig: verifies.append(1) or real(self, data, sig))
+    value = to_dht_value(BucketEntry.of_group(make_group(version=3, seq=4)))
+    good = signed(validator, record(keys.bucket_key(RUN, 3), keys.group_subkey(PUB_A, 3, 4), value))
+    assert validator.validate(good) and validator.validate(good) and len(verifies) == 1, "remembered"
+    later = dataclasses.replace(good, expiration_time=good.expiration_time + 60)
+    assert not validator.validate(later) and not validator.validate(later) and len(verifies) == 3, (
+        "a longer life is not what was signed: verified, refused, each time"
+    )
+    forged = forge(record(keys.bucket_key(RUN, 3), keys.group_subkey(PUB_A, 3, 4), value), KEY_B)
+    assert not validator.validate(forged) and len(verifies) == 4, "signed by another key than its subkey names"
+    moved = dataclasses.replace(good, subkey=good.subkey + good.value[:1], value=good.value[1:])
+    assert not validator.validate(moved), "the same bytes split otherwise between subkey and value are another record"
+
+
 @pytest.mark.parametrize(
     "case",
     [
