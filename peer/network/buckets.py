@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Collection, Container, Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 from peer.errors import UserError
@@ -53,6 +53,7 @@ logger = get_logger(__name__)
 
 FETCH_WORKERS = 4  # a learner's threads fetching group blobs (each transfer bounded by its deadline)
 NETWORK_EVERY = 1.0  # s between a learner's network reads of a bucket; rollout peers push entries to it between
+REPLICAS = 2  # nearest nodes a bucket entry is stored on, besides the learners it is pushed to (docs/protocol.md)
 GroupId = tuple[bytes, int, int]  # (owner public key, version, seq)
 
 
@@ -94,10 +95,21 @@ class BucketStore(abc.ABC):
 
     @abc.abstractmethod
     def fetch(
-        self, min_version: int, max_version: int, seen: Container[GroupId] = (), skip: Container[bytes] = ()
+        self,
+        min_version: int,
+        max_version: int,
+        seen: Container[GroupId] = (),
+        skip: Container[bytes] = (),
+        *,
+        wait: float = 0.0,
+        network_from: int | None = None,
     ) -> list[Fetched]:
         """Entries of versions ``min_version..max_version`` (inclusive) whose id is not in ``seen``, and not signed
-        by a key in ``skip`` (banned signers: their entries are neither parsed nor fetched)."""
+        by a key in ``skip`` (banned signers: their entries are neither parsed nor fetched). Versions below
+        ``network_from`` are read from what was pushed to this reader alone (a store without such a copy: not
+        read). ``wait``: a store that :attr:`waits` answers once something new arrived there, or after that long."""
+
+    waits = False  # whether fetch(wait=...) waits for new entries (a store that does not returns at once)
 
     def count(self, min_version: int, max_version: int) -> int:
         """How many entries the range holds now (a cheap upper bound for backpressure)."""
@@ -124,9 +136,18 @@ class MemoryBucketStore(BucketStore):
         self.entries[(self.owner, group.version, group.seq)] = (self._clock() + self.expiration, pack(group))
 
     def fetch(
-        self, min_version: int, max_version: int, seen: Container[GroupId] = (), skip: Container[bytes] = ()
+        self,
+        min_version: int,
+        max_version: int,
+        seen: Container[GroupId] = (),
+        skip: Container[bytes] = (),
+        *,
+        wait: float = 0.0,
+        network_from: int | None = None,
     ) -> list[Fetched]:
         now, versions, out = self._clock(), _versions(min_version, max_version), []
+        if network_from is not None:  # the entries stand for the network's: nothing was pushed to this reader
+            versions = range(max(versions.start, network_from), versions.stop)
         for (owner, version, seq), (expires, data) in list(self.entries.items()):
             if version in versions and expires > now and (owner, version, seq) not in seen and owner not in skip:
                 out.append(_parse_packed(owner, version, seq, data))
@@ -149,6 +170,7 @@ class DHTBucketStore(BucketStore):
         push_to=None,
         network_every: float = 0.0,
         fetch_workers: int = 0,
+        replicas: int = REPLICAS,
         clock=time.monotonic,
     ):
         """``fetch_workers`` > 0: group blobs are fetched on that many threads, off the reader's path — a
@@ -164,10 +186,12 @@ class DHTBucketStore(BucketStore):
         self.wide_every = wide_every
         self.push_to = push_to  # callable -> peer ids that get every entry stored too (the learners); narrow only
         self.network_every = network_every  # > 0: read this node's own copy always, the network this often
+        self.replicas = replicas  # nearest nodes each entry is stored on (narrow stores)
         self._clock = clock
         self._network_at: dict[int, float] = {}  # version -> when its bucket was last read from the network
         self._wide_at: dict[int, float] = {}  # version -> when a read of its bucket last searched wide
         self._read_out: dict[int, set[int]] = {}  # version -> subkey tags of entries the caller had all groups of
+        self._since: dict[int, int] = {}  # version -> the DHT process's latest store when its copy was last read
         self.fetch_workers = fetch_workers
         self._pool = None
         self._inflight: dict[GroupId, object] = {}  # first id of a pointer entry being fetched -> its future
@@ -187,7 +211,9 @@ class DHTBucketStore(BucketStore):
             # hivemind's DHT time is wall-clock time; a retry may extend, never shorten, an entry's life
             items = [(k, sk, v, time.time() + self.expiration) for k, sk, v in (pending[i] for i in keys)]
             also = tuple(self.push_to()) if self.push_to is not None and self.narrow else ()
-            stored = self.swarm.store_many(items, "bucket entry", all_replicas=False, narrow=self.narrow, also=also)
+            stored = self.swarm.store_many(
+                items, "bucket entry", all_replicas=False, narrow=self.narrow, also=also, replicas=self.replicas
+            )
             for i, ok in zip(keys, stored, strict=True):
                 if ok:
                     del pending[i]
@@ -219,12 +245,25 @@ class DHTBucketStore(BucketStore):
         subkey = group_subkey(self.swarm.public_key, first.version, first.seq)
         return key, subkey, to_dht_value(entry)
 
+    @property
+    def waits(self) -> bool:
+        """A reader of its own node's copy (``network_every``) waits there for new entries: its DHT process answers
+        when one is stored (:meth:`~peer.network.swarm.Swarm.wait_local`)."""
+        return self.network_every > 0
+
     def fetch(
-        self, min_version: int, max_version: int, seen: Container[GroupId] = (), skip: Container[bytes] = ()
+        self,
+        min_version: int,
+        max_version: int,
+        seen: Container[GroupId] = (),
+        skip: Container[bytes] = (),
+        *,
+        wait: float = 0.0,
+        network_from: int | None = None,
     ) -> list[Fetched]:
-        out = self._arrived(seen) if self.fetch_workers else []
-        for version in _versions(min_version, max_version):
-            for subkey, item in self._entries(version, self._read_out.get(version, ())).items():
+        out = []
+        for version, entries in self._entries_of(_versions(min_version, max_version), wait, network_from).items():
+            for subkey, item in entries.items():
                 try:
                     owner, v, seq = parse_group_subkey(subkey)
                 except (RecordError, UserError, ValueError):
@@ -239,6 +278,8 @@ class DHTBucketStore(BucketStore):
                     self._submit(owner, v, seq, item.value)
                     continue
                 out.extend(f for f in self._read(owner, v, seq, item.value) if f.id not in seen)
+        if self.fetch_workers:  # after the read: what arrived while it waited comes with it
+            out.extend(self._arrived(seen))
         return out
 
     MAX_INFLIGHT_PER_WORKER = 4
@@ -276,8 +317,8 @@ class DHTBucketStore(BucketStore):
     def count(self, min_version: int, max_version: int) -> int:
         """Groups in the range by the entries' counts alone: no parsing, no blob fetch (cheap enough per batch)."""
         total = 0
-        for version in _versions(min_version, max_version):
-            for subkey, item in self._entries(version).items():
+        for version, entries in self._entries_of(_versions(min_version, max_version), 0.0, None, skips=False).items():
+            for subkey, item in entries.items():
                 try:
                     if parse_group_subkey(subkey)[1] == version:
                         total += _count_of(item.value)
@@ -285,27 +326,41 @@ class DHTBucketStore(BucketStore):
                     continue
         return total
 
-    def _entries(self, version: int, read_out: Collection[int] = ()) -> dict:
-        """The bucket's entries. With ``network_every``, this node's own copy (what writers pushed to it) but for the
-        entries ``read_out`` tags (:func:`~peer.network.swarm.subkey_tag`: a fetch's caller had every group of
-        them), and the network's only once this version's bucket was not read from it for that long (first
-        reads: the copy). From the network: a narrow search, but a wide one if this version's bucket had none for
-        ``wide_every`` seconds (each version on its own clock: a reader may read old versions rarely)."""
-        key, now = bucket_key(self.swarm.run_id, version), self._clock()
-        local = {}
-        if self.network_every > 0:
-            local = self.swarm.local_dict(key, read_out)
-            if now - self._network_at.setdefault(version, now) < self.network_every:
-                return local
-            self._network_at[version] = now
-        narrow = self.narrow and now - self._wide_at.setdefault(version, now) < self.wide_every
-        if not narrow:
-            self._wide_at[version] = now
-        for seen in (self._wide_at, self._network_at, self._read_out):
-            if len(seen) > 2 * BUCKET_RING:
-                for old in sorted(seen)[:BUCKET_RING]:
-                    del seen[old]
-        return {**self.swarm.get_dict(key, narrow=narrow), **local}
+    def _entries_of(self, versions: range, wait: float, network_from: int | None, skips: bool = True) -> dict:
+        """Each version's bucket entries. With ``network_every``: this node's own copy of all of them (what writers
+        pushed to it), in one call to the DHT process, which waits up to ``wait`` s for a store into one of them if
+        none came since they were last read (not for a version read first); each copy but for the entries that
+        :attr:`_read_out` tags (:func:`~peer.network.swarm.subkey_tag`: a fetch's caller had every group of them;
+        ``skips=False``: all). Then the network's, from ``network_from`` on, for a version whose bucket was not read
+        from it for ``network_every`` s (first reads: the copy alone). From the network: a narrow search, but a wide
+        one if this version's bucket had none for ``wide_every`` seconds (each version on its own clock: a reader
+        may read old versions rarely)."""
+        run, now = self.swarm.run_id, self._clock()
+        keys = {version: bucket_key(run, version) for version in versions}
+        found: dict[int, dict] = {version: {} for version in versions}
+        if self.network_every > 0 and versions:
+            known = [self._since.get(version) for version in versions]
+            since = -1 if wait <= 0 or None in known else min(known)
+            read_out = {keys[v]: (self._read_out.get(v, ()) if skips else ()) for v in versions}
+            count, local = self.swarm.wait_local(read_out, since, wait)
+            for version in versions:
+                found[version], self._since[version] = local[keys[version]], count
+        for version in versions:
+            if network_from is not None and version < network_from:
+                continue
+            if self.network_every > 0:
+                if now - self._network_at.setdefault(version, now) < self.network_every:
+                    continue
+                self._network_at[version] = now
+            narrow = self.narrow and now - self._wide_at.setdefault(version, now) < self.wide_every
+            if not narrow:
+                self._wide_at[version] = now
+            found[version] = {**self.swarm.get_dict(keys[version], narrow=narrow), **found[version]}
+        for held in (self._wide_at, self._network_at, self._read_out, self._since):
+            if len(held) > 2 * BUCKET_RING:
+                for old in sorted(held)[:BUCKET_RING]:
+                    del held[old]
+        return found
 
     def _read(self, owner: bytes, version: int, seq: int, value, evict: bool = False) -> list[Fetched]:
         count = _count_of(value)

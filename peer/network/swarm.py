@@ -46,9 +46,10 @@ test_blobs.py exercise them).
   because the pipe from ``DHT`` to its process is read non-blocking: under load the reader finds half of a
   message over 16 KiB and the DHT process dies. ``_store_file`` runs in that process and calls
   ``DHTNode.store_many(..., await_all_replicas=...)``.
-* ``peer/network/swarm.py:_local_dict`` — reads ``node.protocol.storage`` (``DHTLocalStorage``, keyed by
-  ``DHTID.generate(source=key)``, dictionaries as ``DictionaryDHTValue``), ``node.protocol.serializer`` and
-  ``node.protocol.record_validator.strip_value(DHTRecord(...))``.
+* ``peer/network/swarm.py:_local_entries`` / ``_Stores`` — reads ``node.protocol.storage`` (``DHTLocalStorage``,
+  keyed by ``DHTID.generate(source=key)``, dictionaries as ``DictionaryDHTValue``), ``node.protocol.serializer`` and
+  ``node.protocol.record_validator.strip_value(DHTRecord(...))``; wraps ``storage.store_subkey`` as the quota does
+  (every store into the node's storage, local or remote, goes through it).
 * ``peer/network/swarm.py:Swarm.__init__`` — slices the bare key out of ``RSASignatureValidator.local_public_key``,
   which is ``b"[owner:" + key + b"]"`` (its ``PUBLIC_KEY_FORMAT``; ``peer/protocol/keys.py`` ``OWNER_PREFIX`` and
   the subkey patterns mirror it).
@@ -81,7 +82,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -219,7 +220,9 @@ def create_libp2p_identity(identity_path: str) -> bool:
     return True
 
 
-async def _store_file(path: str, all_replicas: bool, narrow: bool, also: tuple, _dht, node) -> list[bool]:
+async def _store_file(
+    path: str, all_replicas: bool, narrow: bool, also: tuple, replicas: int, _dht, node
+) -> list[bool]:
     """Runs inside the DHT process: store every record of the msgpack file at ``path`` (then delete it)."""
     from hivemind.utils.serializer import MSGPackSerializer
 
@@ -231,7 +234,7 @@ async def _store_file(path: str, all_replicas: bool, narrow: bool, also: tuple, 
     if narrow:
         from peer.network.near_store import store_near
 
-        return await store_near(node, items, REPLICAS, all_replicas, also)
+        return await store_near(node, items, replicas, all_replicas, also)
     keys = [key for key, _, _, _ in items]
     subkeys = [subkey for _, subkey, _, _ in items]
     found = await node.store_many(
@@ -267,15 +270,78 @@ def subkey_tag(subkey) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
-async def _local_dict(key: str, skip: frozenset, _dht, node) -> dict:
-    """Runs inside the DHT process: the dictionary under ``key`` in this node's storage, signatures stripped and
-    values decoded as ``DHT.get`` returns them, but for the subkeys whose :func:`subkey_tag` is in ``skip``."""
-    from hivemind.dht.crypto import DHTRecord
+class _Stores:
+    """Runs inside the DHT process: numbers the stores into this node's storage and wakes whoever waits for one
+    (:func:`_wait_local`). Installed on the first wait, around whatever ``storage.store_subkey`` is then (the
+    quota's wrapper: what it refuses is not a store)."""
+
+    MAX_KEYS = 4096  # keys whose latest store is remembered (a run's keys are fewer; the rest were refused)
+
+    def __init__(self, storage):
+        import asyncio
+
+        self.count = 0  # stores so far
+        self.latest: dict = {}  # key DHTID -> self.count at its latest store (oldest first)
+        self.event = asyncio.Event()  # set, and replaced, by every store
+        original = storage.store_subkey
+
+        def store_subkey(key, subkey, value, expiration_time) -> bool:
+            stored = original(key, subkey, value, expiration_time)
+            if stored:
+                self.stored(key)
+            return stored
+
+        storage.store_subkey = store_subkey
+
+    def stored(self, key) -> None:
+        import asyncio
+
+        self.count += 1
+        self.latest.pop(key, None)
+        self.latest[key] = self.count
+        while len(self.latest) > self.MAX_KEYS:
+            self.latest.pop(next(iter(self.latest)))
+        event, self.event = self.event, asyncio.Event()
+        event.set()
+
+    @classmethod
+    def of(cls, node) -> _Stores:
+        storage = node.protocol.storage
+        stores = getattr(storage, "_hivegrpo_stores", None)
+        if stores is None:
+            stores = storage._hivegrpo_stores = cls(storage)
+        return stores
+
+
+async def _wait_local(skips: dict, since: int, timeout: float, _dht, node) -> tuple[int, dict]:
+    """Runs inside the DHT process: once a key of ``skips`` was stored into after store number ``since`` (-1: at
+    once), or ``timeout`` s passed, ``(the number of the latest store, {key: _local_entries(key, skip)})``."""
+    import asyncio
+
     from hivemind.dht.routing import DHTID
+
+    stores = _Stores.of(node)
+    ids = {key: DHTID.generate(source=key) for key in skips}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while since >= 0 and max((stores.latest.get(i, 0) for i in ids.values()), default=0) <= since:
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        try:
+            await asyncio.wait_for(stores.event.wait(), left)
+        except TimeoutError:
+            break
+    return stores.count, {key: _local_entries(node, ids[key], skip) for key, skip in skips.items()}
+
+
+def _local_entries(node, key_id, skip: frozenset) -> dict:
+    """The dictionary under ``key_id`` in this node's storage, signatures stripped and values decoded as
+    ``DHT.get`` returns them, but for the subkeys whose :func:`subkey_tag` is in ``skip``."""
+    from hivemind.dht.crypto import DHTRecord
     from hivemind.dht.storage import DictionaryDHTValue
     from hivemind.utils.timed_storage import ValueWithExpiration
 
-    key_id = DHTID.generate(source=key)
     found = node.protocol.storage.get(key_id)
     if found is None or not isinstance(found.value, DictionaryDHTValue):
         return {}
@@ -349,10 +415,12 @@ class Swarm:
         all_replicas: bool = True,
         narrow: bool = False,
         also: tuple[str, ...] = (),
+        replicas: int = REPLICAS,
     ) -> list[bool]:
         """Store several ``(key, subkey, value, expiration_time)`` records, each size-checked first, concurrently;
-        ``narrow``: store on remembered nearest nodes, found with a narrow lookup (module docstring); with it,
-        ``also`` names peers (base58 ids) that get the records too, in the background (a learner's own copy).
+        ``narrow``: store on the ``replicas`` remembered nearest nodes, found with a narrow lookup (module
+        docstring); with it, ``also`` names peers (base58 ids) that get the records too, in the background (a
+        learner's own copy).
 
         The records never travel through the pipe to the DHT process: hivemind reads that pipe non-blocking, and
         a message over 16 KiB is written in two parts, so under load the reader can find half a message and the
@@ -360,7 +428,7 @@ class Swarm:
         instead, and the pipe carries only a small message naming it (docs/protocol.md).
         """
         with self._spooled(items, what) as path:
-            return self.dht.run_coroutine(partial(_store_file, path, all_replicas, narrow, tuple(also)))
+            return self.dht.run_coroutine(partial(_store_file, path, all_replicas, narrow, tuple(also), replicas))
 
     @contextmanager
     def _spooled(self, items: list[tuple[str, bytes, Any, float]], what: str):
@@ -399,7 +467,17 @@ class Swarm:
         """Like :meth:`get_dict`, from this peer's own DHT node only (what it holds as a replica or was sent with
         ``also``): no request leaves the process pair. ``skip``: :func:`subkey_tag` of entries left out (a reader's
         own, already read: neither decoded in the DHT process nor sent through the pipe again)."""
-        return self.dht.run_coroutine(partial(_local_dict, key, frozenset(skip)))
+        return self.wait_local({key: skip})[1][key]
+
+    def wait_local(
+        self, skips: Mapping[str, Collection[int]], since: int = -1, timeout: float = 0.0
+    ) -> tuple[int, dict[str, dict]]:
+        """:meth:`local_dict` of every key of ``skips`` (each without the entries its tags name), in one call to the
+        DHT process, which answers once this node stored into one of the keys after its store number ``since``, or
+        after ``timeout`` s (``since`` -1: at once). Returns ``(the number of its latest store, {key: dict})``: pass
+        the number as the next ``since`` to wait for what comes after (a reader that waits instead of polling)."""
+        keys = {key: frozenset(skip) for key, skip in skips.items()}
+        return self.dht.run_coroutine(partial(_wait_local, keys, since, timeout))
 
     def shutdown(self) -> None:
         self.dht.shutdown()

@@ -11,11 +11,12 @@ transfer and again, after the swap, by hashing the adapter the model actually ho
 Announcements are also pushed: a learner sends each one to the DHT nodes of the run's live rollout peers and
 observers (at most ``MAX_PUSHED``, from their heartbeats) as it stores it (the push first: the store waits for
 every replica, a follower need not), and an :class:`AdapterFollower`
-looks at its own node's copy every ``local_every`` seconds between two reads of the network. A newer version seen
-there (from an admitted learner) makes it take the announcements at once, from that copy, not at its next read of
-the network: a new version reaches a pushed follower in about a tenth of a second, not half of its poll interval
-plus a read. The copy is held by the follower's own node, which validated each record as a replica does, and is
-judged as a network read is: admitted learners only, the newest of each.
+waits on its own node's copy between two reads of the network: its DHT process answers when a record is stored
+there (:meth:`~peer.network.swarm.Swarm.wait_local`, at most ``local_every`` seconds a call), not when asked again.
+A newer version seen there (from an admitted learner) makes it take the announcements at once, from that copy, not
+at its next read of the network: a new version reaches a pushed follower as soon as the push does, not half of its
+poll interval plus a read. The copy is held by the follower's own node, which validated each record as a replica
+does, and is judged as a network read is: admitted learners only, the newest of each.
 
 Only admitted learners write the lineage (:mod:`peer.network.admission`): :func:`announcements` given the run's
 :class:`~peer.network.admission.Admitted` drops every other signer's record, and the coordinator's except v0. A
@@ -66,7 +67,7 @@ PATIENCE = 5.0  # s a fetch keeps trying rounds: past the learner's seeding grac
 MAX_POLL = 2.0  # s between two reads of the announcements at most, when versions come slowly (see poll_every)
 REDEMAND_EVERY = 2.0  # s between a waiting learner's re-announcements of its version (a fresh demand: alive)
 MAX_PUSHED = 32  # followers an announcement is pushed to at most (a sample of them when more are alive)
-LOCAL_EVERY = 0.1  # s between a follower's looks at its own DHT node's copy of the announcements
+LOCAL_EVERY = 0.5  # s a follower's wait on its own DHT node's copy of the announcements lasts at most
 MAX_LOCAL_SEEN = 4096  # records of that copy a follower remembers having looked at (a full key: ~3,200 at most)
 
 
@@ -388,8 +389,9 @@ class AdapterFollower:
         self.refused: dict[str, str] = {}  # sha256 of versions refused -> why (bounded)
         self.check = check  # blob -> None if this model can load it, else why not
         self.interval = interval
-        self.local_every = local_every  # s between looks at this node's own copy (0: never; the module docstring)
+        self.local_every = local_every  # s one wait on this node's own copy lasts (0: never; the module docstring)
         self._local_seen: dict = {}  # subkey -> expiration of the records of this node's copy already looked at
+        self._local_since = -1  # the DHT process's number of its latest store when the copy was last read
         self.version_interval = 0.0  # s between versions, a moving average of what was announced (0: not known)
         self.fetch_timeout = fetch_timeout
         self.held_version = held_version
@@ -516,8 +518,9 @@ class AdapterFollower:
             network = not self._watch(self.poll_every())
 
     def _watch(self, seconds: float) -> bool:
-        """Wait ``seconds`` for the next read of the network, looking at this node's own copy of the announcements
-        every ``local_every`` s meanwhile; return True early when it holds a version newer than this peer knows."""
+        """Wait ``seconds`` for the next read of the network, waiting on this node's own copy of the announcements
+        meanwhile (at most ``local_every`` s a call); return True early when it holds a version newer than this peer
+        knows."""
         deadline = time.monotonic() + seconds
         while not self._stop.is_set():
             left = deadline - time.monotonic()
@@ -526,9 +529,10 @@ class AdapterFollower:
             if self.local_every <= 0:
                 self._stop.wait(left)
                 return False
-            if self._stop.wait(min(self.local_every, left)):
-                return False
-            if self.local_newer():
+            newer = self._look(min(self.local_every, left))
+            if newer is None:  # the DHT process is busy or gone: the network read comes anyway
+                self._stop.wait(min(self.local_every, left))
+            elif newer:
                 return True
         return False
 
@@ -536,15 +540,21 @@ class AdapterFollower:
         """Whether this node's own copy of the announcements (what learners pushed to it, or holds as a replica)
         names a version newer than this peer holds or waits to take, announced by an admitted learner. Only records
         not looked at before are parsed; a stranger's pushed records are read once and never followed."""
+        return bool(self._look(0.0))
+
+    def _look(self, wait: float) -> bool | None:
+        """:meth:`local_newer`, once the copy changed since the last look or ``wait`` s passed (0: at once); None if
+        the DHT process did not answer."""
+        key = adapter_key(self.swarm.run_id)
         try:
-            found = self.swarm.local_dict(adapter_key(self.swarm.run_id))
-        except Exception as e:  # the DHT process is busy or gone: the network read comes anyway
+            self._local_since, found = self.swarm.wait_local({key: ()}, self._local_since if wait > 0 else -1, wait)
+        except Exception as e:  # the DHT process is busy or gone
             logger.debug("could not read this node's announcements: %s", e)
-            return False
+            return None
         with self._lock:
             known = self._newest_known()
         newer = False
-        for subkey, item in found.items():
+        for subkey, item in found[key].items():
             if self._local_seen.get(subkey) == item.expiration_time:
                 continue
             self._local_seen[subkey] = item.expiration_time

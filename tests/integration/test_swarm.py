@@ -1,5 +1,6 @@
 """The swarm layer with real peers in real processes on loopback: joining, buckets, blobs, heartbeats, validators."""
 
+import concurrent.futures
 import contextlib
 import json
 import subprocess
@@ -271,6 +272,21 @@ def test_a_pushed_entry_reaches_a_reader_that_is_no_replica_and_a_bad_one_is_ref
         tag = subkey_tag(group_subkey(w.public_key, version, 2))
         assert r.local_dict(key, skip={tag}) == {}, "an entry the reader has is left out, in the DHT process"
         assert r.local_dict(key, skip={tag ^ 1}).keys() == held.keys()
+
+        # a reader waits in its DHT process for the next store into the keys it reads, instead of polling them
+        since, found = r.wait_local({key: {tag}}, -1, 30.0)
+        assert found == {key: {}}, "-1: at once, whatever the timeout"
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiter = pool.submit(r.wait_local, {key: {tag}}, since, 30.0)
+            assert store(version + 1, 0, to_r)
+            time.sleep(1.0)
+            assert not waiter.done(), "a store into another key wakes nobody waiting on this one"
+            assert store(version, 3, to_r)
+            count, found = waiter.result(timeout=10)
+        assert count > since and list(found[key]) == [group_subkey(w.public_key, version, 3)], "the new entry"
+        started = time.monotonic()
+        assert r.wait_local({key: {tag}}, count, 0.5) == (count, found), "nothing new: the same, after the timeout"
+        assert time.monotonic() - started >= 0.5
 
 
 def test_learners_others_can_reach_are_named_for_pushes_not_client_mode_ones():

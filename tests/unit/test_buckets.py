@@ -76,7 +76,9 @@ def test_a_reader_with_pushed_copies_reads_its_own_node_and_the_network_only_now
     calls, now = [], [100.0]
     swarm = SimpleNamespace(
         run_id="r",
-        local_dict=lambda key, skip=(): calls.append(("local", key)) or {},
+        wait_local=lambda skips, since, timeout: (
+            calls.extend(("local", k) for k in skips) or (0, dict.fromkeys(skips, {}))
+        ),
         get_dict=lambda key, narrow: calls.append(("network", key)) or {},
     )
     store = DHTBucketStore(swarm, network_every=1.0, clock=lambda: now[0])
@@ -100,14 +102,14 @@ def test_a_writer_pushes_its_entries_to_the_peers_push_to_names_on_narrow_stores
         run_id="r",
         public_key=b"ssh-rsa A",
         peer_id=PID,
-        store_many=lambda items, what, all_replicas, narrow, also: (
-            stored.append((narrow, also)) or [True] * len(items)
+        store_many=lambda items, what, all_replicas, narrow, also, replicas: (
+            stored.append((narrow, also, replicas)) or [True] * len(items)
         ),
     )
     DHTBucketStore(swarm, push_to=lambda: ("QmLearner",)).publish(make_group(version=2, seq=0))
     DHTBucketStore(swarm, narrow=False, push_to=lambda: ("QmLearner",)).publish(make_group(version=2, seq=1))
     DHTBucketStore(swarm).publish(make_group(version=2, seq=2))
-    assert stored == [(True, ("QmLearner",)), (False, ()), (True, ())]
+    assert stored == [(True, ("QmLearner",), 2), (False, (), 2), (True, (), 2)], "on 2 nearest nodes besides"
 
 
 def test_entries_whose_groups_a_reader_has_are_left_out_of_its_next_reads_of_its_own_node():
@@ -123,11 +125,12 @@ def test_entries_whose_groups_a_reader_has_are_left_out_of_its_next_reads_of_its
     held = {subkey: ValueWithExpiration(to_dht_value(BucketEntry.of_groups([make_group(version=3, seq=0)])), 1e12)}
     skips = []
 
-    def local_dict(key, skip=()):
+    def wait_local(keys, since, timeout):
+        ((_, skip),) = keys.items()
         skips.append(set(skip))
-        return {k: v for k, v in held.items() if subkey_tag(k) not in skip}
+        return 0, {key: {k: v for k, v in held.items() if subkey_tag(k) not in skip} for key in keys}
 
-    swarm = SimpleNamespace(run_id="r", local_dict=local_dict, get_dict=lambda key, narrow: {})
+    swarm = SimpleNamespace(run_id="r", wait_local=wait_local, get_dict=lambda key, narrow: {})
     store = DHTBucketStore(swarm, network_every=60.0)
     got = store.fetch(3, 3)
     assert [(f.owner, f.version, f.seq) for f in got] == [(owner, 3, 0)] and skips[-1] == set()

@@ -20,18 +20,21 @@ REANNOUNCE_EVERY = 120.0  # s; the announcement lives ANNOUNCEMENT_TTL (600 s): 
 class Fetcher:
     """Reads the buckets of the staleness window on a thread; hands each new entry over exactly once.
 
-    Every poll reads the newest buckets, down to as many versions behind as the groups read in the last
-    ``LAG_SECONDS`` were (at least the newest two: where rollout peers publish); the whole window every
-    ``FULL_EVERY`` polls (the late groups of slow peers); and a version's bucket once more as it leaves the window,
-    so nothing published into the window goes unread — a late replay is still caught, though its group is too old
-    to use. (Reading the whole window every poll made the learner's DHT process the busiest process of the demo:
-    every read fetches and validates every entry of every bucket again. Reading only the newest two left the groups
-    of peers a few versions behind to the full reads, seconds later: a learner making 2-3 versions a second found
-    them stale.)
+    A store that :attr:`~peer.network.buckets.BucketStore.waits` (a learner's: rollout peers push their entries to
+    its DHT node) is read as a wait: every read covers the whole window of the node's own copy in one call to the
+    DHT process, which answers as soon as an entry is stored there (or after ``interval``), so a pushed group
+    reaches the intake without a poll's delay. The network is read as a store without that copy is: down to as many
+    versions behind as the groups read in the last ``LAG_SECONDS`` were (at least the newest two: where rollout
+    peers publish); the whole window every ``FULL_EVERY`` reads (the late groups of slow peers); and a version's
+    bucket once more as it leaves the window, so nothing published into the window goes unread — a late replay is
+    still caught, though its group is too old to use. (Reading the whole window from the network every poll made the
+    learner's DHT process the busiest process of the demo: every read fetches and validates every entry of every
+    bucket again. Reading only the newest two left the groups of peers a few versions behind to the full reads,
+    seconds later: a learner making 2-3 versions a second found them stale.)
     """
 
     FULL_EVERY = 8
-    MIN_GAP = 0.05  # s between two reads at least, however often the learner wakes the fetcher
+    MIN_GAP = 0.05  # s between two reads at least, however often entries arrive or the learner wakes the fetcher
     LAG_SECONDS = 4.0  # s over which the versions behind of the groups read set how deep the next reads go
 
     def __init__(self, store, window: int, interval: float, skip=()):
@@ -50,7 +53,8 @@ class Fetcher:
         self._thread = threading.Thread(target=self._run, name="bucket-fetcher", daemon=True)
 
     def wake(self) -> None:
-        """Read again now, not at the next interval: the learner waits for groups (at most every MIN_GAP s)."""
+        """Read again now, not at the next interval: the learner waits for groups (at most every MIN_GAP s; a
+        waiting read answers when entries arrive anyway)."""
         self._wake.set()
 
     def start(self) -> Fetcher:
@@ -63,35 +67,43 @@ class Fetcher:
         self._thread.join(timeout=30)
 
     def depth(self) -> int:
-        """How many versions below the newest the next (not full) read goes: as far behind as the groups read in the
-        last ``LAG_SECONDS`` were, at least 1, at most the window (what a stranger can make it read is bounded so)."""
+        """How many versions below the newest the next (not full) read of the network goes: as far behind as the
+        groups read in the last ``LAG_SECONDS`` were, at least 1, at most the window (what a stranger can make it
+        read is bounded so)."""
         since = time.monotonic() - self.LAG_SECONDS
         while self._lags and self._lags[0][0] < since:
             self._lags.popleft()
         return max(1, min(self.window, max((lag for _, lag in self._lags), default=1)))
 
     def _run(self) -> None:
+        waits = self.store.waits
         while not self._stop.is_set():
-            self.poll()
-            if self._wake.wait(self.interval):  # woken by a waiting learner: read again, but not at once
+            self.poll(self.interval if waits else 0.0)
+            if waits:
+                self._stop.wait(self.MIN_GAP)  # entries arriving one by one: read them a few at a time
+            elif self._wake.wait(self.interval):  # woken by a waiting learner: read again, but not at once
                 self._wake.clear()
                 self._stop.wait(self.MIN_GAP)
 
-    def poll(self) -> None:
-        """One read: the newest versions, the whole window every ``FULL_EVERY``-th time, the versions leaving."""
+    def poll(self, wait: float = 0.0) -> None:
+        """One read: the window (the network: the newest versions, the whole window every ``FULL_EVERY``-th time),
+        then the versions leaving. ``wait``: see the class docstring."""
         version = self.version
         depth = self.window if self._polls % self.FULL_EVERY == 0 else self.depth()
         self._polls += 1
         hi = version - self.window - 1  # the versions that left the window since the last poll: their last read
         lo = max(0, self._last - self.window, hi - self.FULL_EVERY + 1)  # a jump (a resume) reads a few, not all
         try:
-            fetched = self.store.fetch(max(0, version - depth), version, self._seen, self.skip)
+            fetched = self.store.fetch(
+                max(0, version - self.window), version, self._seen, self.skip, wait=wait, network_from=version - depth
+            )
             if hi >= lo:
                 fetched += self.store.fetch(lo, hi, self._seen, self.skip)
             self._last = version
         except Exception as e:  # the network boundary: say it, try again
             self.errors += 1
             logger.warning("could not read the buckets: %s", e)
+            self._stop.wait(self.interval)
             fetched = []
         behind = [version - f.version for f in fetched if f.group is not None]
         behind = [lag for lag in behind if 0 <= lag <= self.window]
