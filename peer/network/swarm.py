@@ -270,6 +270,11 @@ def subkey_tag(subkey) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
+async def _get_latest(key: str, search: dict, _dht, node):
+    """Runs inside the DHT process: ``DHT.get(key, latest=True, **search)``, as hivemind's own ``DHT._get`` runs it."""
+    return await node.get(key, latest=True, **search)
+
+
 class _Stores:
     """Runs inside the DHT process: numbers the stores into this node's storage and wakes whoever waits for one
     (:func:`_wait_local`). Installed on the first wait, around whatever ``storage.store_subkey`` is then (the
@@ -387,6 +392,23 @@ class Swarm:
         shm = Path("/dev/shm")
         self._spool = Path(tempfile.mkdtemp(prefix="hivegrpo-dht-", dir=shm if shm.is_dir() else None))
         self._counter = itertools.count()
+        self._calls = None  # peer.network.calls.Channel once open_calls ran; until then hivemind's pipe
+
+    def open_calls(self) -> None:
+        """Start the DHT process's side channel (:mod:`peer.network.calls`) in this swarm's private folder: the
+        frequent calls (stores, pushes, reads) go through it from now on."""
+        from peer.network.calls import Channel, serve
+
+        path = str(self._spool / "calls.sock")
+        self.dht.run_coroutine(partial(serve, path))
+        self._calls = Channel(path)
+
+    def call(self, function):
+        """``function(dht, node)`` run in the DHT process, as ``DHT.run_coroutine`` runs it (over the side channel
+        once open)."""
+        if self._calls is not None:
+            return self._calls.call(function)
+        return self.dht.run_coroutine(function)
 
     def visible_maddrs(self) -> list[str]:
         return [str(m) for m in self.dht.get_visible_maddrs()]
@@ -428,7 +450,7 @@ class Swarm:
         instead, and the pipe carries only a small message naming it (docs/protocol.md).
         """
         with self._spooled(items, what) as path:
-            return self.dht.run_coroutine(partial(_store_file, path, all_replicas, narrow, tuple(also), replicas))
+            return self.call(partial(_store_file, path, all_replicas, narrow, tuple(also), replicas))
 
     @contextmanager
     def _spooled(self, items: list[tuple[str, bytes, Any, float]], what: str):
@@ -453,12 +475,12 @@ class Swarm:
         if not peers:
             return 0
         with self._spooled(items, what) as path:
-            return self.dht.run_coroutine(partial(_push_file, path, tuple(peers)))
+            return self.call(partial(_push_file, path, tuple(peers)))
 
     def get_dict(self, key: str, *, narrow: bool = False) -> dict:
         """The ``{subkey: ValueWithExpiration}`` dictionary under ``key`` (empty if none), merged from every node the
         search asks; ``narrow``: only the key's 2 nearest nodes (module docstring)."""
-        found = self.dht.get(key, latest=True, **(NARROW_READ if narrow else {}))
+        found = self.call(partial(_get_latest, key, NARROW_READ if narrow else {}))
         if found is None or not isinstance(found.value, dict):
             return {}
         return found.value
@@ -477,7 +499,7 @@ class Swarm:
         after ``timeout`` s (``since`` -1: at once). Returns ``(the number of its latest store, {key: dict})``: pass
         the number as the next ``since`` to wait for what comes after (a reader that waits instead of polling)."""
         keys = {key: frozenset(skip) for key, skip in skips.items()}
-        return self.dht.run_coroutine(partial(_wait_local, keys, since, timeout))
+        return self.call(partial(_wait_local, keys, since, timeout))
 
     def shutdown(self) -> None:
         self.dht.shutdown()
@@ -535,6 +557,7 @@ def join(config: NetworkConfig, run_id: str) -> Swarm:
     dht.run_coroutine(_settle_dht_process)
     dht.run_coroutine(partial(install_quota, run_id))  # what this node keeps of the run's keys is bounded
     swarm = Swarm(dht, run_id, signing_key, config, access)
+    swarm.open_calls()
     logger.info(
         "joined run %s as %s in %.1fs; others can join with --initial-peers %s",
         run_id,

@@ -289,6 +289,50 @@ def test_a_pushed_entry_reaches_a_reader_that_is_no_replica_and_a_bad_one_is_ref
         assert time.monotonic() - started >= 0.5
 
 
+async def _peer_id_of(_dht, node) -> str:
+    return str(node.peer_id)
+
+
+async def _refuse(what: str, _dht, node):
+    raise ValueError(f"refused {what}")
+
+
+async def _sleep(seconds: float, _dht, node) -> float:
+    import asyncio
+
+    await asyncio.sleep(seconds)
+    return seconds
+
+
+@pytest.mark.timeout(60)
+def test_calls_take_the_side_channel_side_by_side_and_fail_clearly_once_the_dht_process_is_gone():
+    """The frequent calls go over the DHT process's Unix socket (peer.network.calls), not hivemind's pipe: what the
+    function returns or raises comes back; one thread's long call does not hold another's; a call after the DHT
+    process ended is a ConnectionError, not a wait forever."""
+    from functools import partial
+
+    from peer.network.swarm import NetworkConfig, join
+
+    swarm = join(NetworkConfig.loopback(), "run")
+    try:
+        assert swarm._calls is not None, "joining opens the side channel"
+        assert swarm.call(_peer_id_of) == str(swarm.peer_id) == swarm.dht.run_coroutine(_peer_id_of)
+        with pytest.raises(ValueError, match="refused this"):
+            swarm.call(partial(_refuse, "this"))
+        assert swarm.call(_peer_id_of) == str(swarm.peer_id), "the connection lives on after an exception"
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            slow = pool.submit(swarm.call, partial(_sleep, 3.0))
+            started = time.monotonic()
+            assert pool.submit(swarm.call, partial(_sleep, 0.1)).result(timeout=10) == 0.1
+            assert time.monotonic() - started < 2.0 and not slow.done(), "another thread's call is not queued"
+            assert slow.result(timeout=10) == 3.0
+    finally:
+        swarm.dht.shutdown()
+    with pytest.raises(ConnectionError, match="DHT process did not answer"):
+        swarm.call(_peer_id_of)
+    swarm.shutdown()
+
+
 def test_learners_others_can_reach_are_named_for_pushes_not_client_mode_ones():
     from peer.network.heartbeat import Heartbeat, Reachable
     from peer.network.swarm import NetworkConfig, join
