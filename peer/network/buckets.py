@@ -4,7 +4,8 @@ A rollout peer publishes each group under ``bucket_key(run, version)`` with the 
 ``[owner:ITS_KEY]<version>.<seq>``: the DHT's validators make sure only the owner of that key can write it and that
 the entry matches its schema. A small group rides inline in the entry; a larger one is put in the producer's blob
 cache and the entry holds a pointer (sha256, size, provider), fetched over a P2P stream when a learner wants it.
-Entries expire by themselves (``expiration`` seconds, sized to the staleness window), so buckets clean up.
+Entries expire by themselves (``expiration`` seconds: a rollout peer's last as long as 62 versions take, at least
+60 s and at most 600 s), so buckets clean up.
 Stores and reads search narrowly (the key's nearest replicas, one round of requests: ``Swarm``'s "search width");
 every ``wide_every`` seconds a read of a version's bucket searches as wide as hivemind does by default, so an entry a
 writer with a stale routing table put on nodes a little off the nearest ones is still found. Writers may also store
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 
 from peer.errors import UserError
@@ -162,7 +163,7 @@ class DHTBucketStore(BucketStore):
         swarm,
         blobs=None,
         *,
-        expiration: float = 600.0,
+        expiration: float | Callable[[], float] = 600.0,
         fetch_timeout: float = 30.0,
         store_attempts: int = 4,
         narrow: bool = True,
@@ -180,7 +181,7 @@ class DHTBucketStore(BucketStore):
         self.swarm = swarm
         self.store_attempts = store_attempts
         self.blobs = blobs
-        self.expiration = expiration
+        self.expiration = expiration  # s an entry lives, or a callable giving them at each store
         self.fetch_timeout = fetch_timeout
         self.narrow = narrow  # False: every store and read searches as wide as hivemind's default
         self.wide_every = wide_every
@@ -209,7 +210,8 @@ class DHTBucketStore(BucketStore):
         for attempt in range(self.store_attempts):
             keys = list(pending)
             # hivemind's DHT time is wall-clock time; a retry may extend, never shorten, an entry's life
-            items = [(k, sk, v, time.time() + self.expiration) for k, sk, v in (pending[i] for i in keys)]
+            expires = time.time() + (self.expiration() if callable(self.expiration) else self.expiration)
+            items = [(k, sk, v, expires) for k, sk, v in (pending[i] for i in keys)]
             also = tuple(self.push_to()) if self.push_to is not None and self.narrow else ()
             stored = self.swarm.store_many(
                 items, "bucket entry", all_replicas=False, narrow=self.narrow, also=also, replicas=self.replicas
@@ -268,7 +270,10 @@ class DHTBucketStore(BucketStore):
                     owner, v, seq = parse_group_subkey(subkey)
                 except (RecordError, UserError, ValueError):
                     continue  # the validators refuse such subkeys; nothing to attribute it to
-                if v != version or owner in skip:  # another version sharing this ring slot; a banned signer
+                if v != version:  # another version sharing this ring slot: never this read's, not sent again
+                    self._read_out.setdefault(version, set()).add(subkey_tag(subkey))
+                    continue
+                if owner in skip:  # a banned signer (read again if the ban is lifted)
                     continue
                 count = _count_of(item.value)
                 if all((owner, v, seq + i) in seen for i in range(count)):

@@ -616,3 +616,32 @@ def test_received_counts_the_bytes_of_every_transfer_attempt():
     r(5, 30)
     r(30, 30)
     assert r.bytes == 30 + 20 + 30
+
+
+def test_bucket_entries_live_until_their_ring_slot_comes_round_within_bounds():
+    from peer.protocol import BUCKET_RING
+    from peer.roles.rollout.peer import BUCKET_EXPIRATION, MIN_BUCKET_EXPIRATION, bucket_expiration
+
+    assert bucket_expiration(0.0) == BUCKET_EXPIRATION, "versions not yet measured: the longest"
+    assert bucket_expiration(0.5) == MIN_BUCKET_EXPIRATION, "the demo's pace: a minute, for clocks apart"
+    assert bucket_expiration(5.0) == (BUCKET_RING - 2) * 5.0 < BUCKET_RING * 5.0, "gone before the slot is reused"
+    assert bucket_expiration(60.0) == BUCKET_EXPIRATION, "a real model's pace: at most ten minutes"
+
+
+def test_a_store_asks_a_callable_expiration_at_each_store():
+    from peer.network.buckets import DHTBucketStore
+    from tests.helpers.records import make_group
+
+    stored, life = [], [60.0]
+    swarm = SimpleNamespace(
+        run_id="r",
+        public_key=b"ssh-rsa A",
+        peer_id="QmSelf",
+        store_many=lambda items, what, **_: stored.extend(e for *_, e in items) or [True] * len(items),
+    )
+    store = DHTBucketStore(swarm, expiration=lambda: life[0])
+    store.publish(make_group(version=2, seq=0))
+    life[0] = 300.0
+    store.publish(make_group(version=2, seq=1))
+    now = time.time()
+    assert now + 50 < stored[0] <= now + 60 and now + 290 < stored[1] <= now + 300

@@ -48,7 +48,7 @@ from peer.model.memory import (
 )
 from peer.model.sampling import Completions, encode_prompts, sample_groups
 from peer.network.swarm import NetworkConfig
-from peer.protocol import GroupRecord, key_fingerprint
+from peer.protocol import BUCKET_RING, GroupRecord, key_fingerprint
 from peer.roles.rollout.groups import build_groups
 from peer.roles.rollout.pacing import (
     DEMAND_FRESH_FACTOR,
@@ -68,7 +68,18 @@ from peer.run.spec import RunSpec, sampling_seed
 
 logger = get_logger(__name__)
 
-BUCKET_EXPIRATION = 600.0  # s; bucket entries outlive the staleness window (docs/protocol.md, key table)
+BUCKET_EXPIRATION = 600.0  # s a bucket entry lives at most (docs/protocol.md, key table)
+MIN_BUCKET_EXPIRATION = 60.0  # s it lives at least: ample for the staleness window and clocks a minute apart
+
+
+def bucket_expiration(version_interval: float) -> float:
+    """How long this peer's bucket entries live, given the seconds between versions (0: not known yet): as long as
+    ``BUCKET_RING - 2`` versions take, so that an entry is gone about when its ring slot comes round again (readers
+    of the slot would otherwise be sent the old versions' entries on every read), within
+    [``MIN_BUCKET_EXPIRATION``, ``BUCKET_EXPIRATION``]; the longest while the interval is not known."""
+    if version_interval <= 0:
+        return BUCKET_EXPIRATION
+    return min(BUCKET_EXPIRATION, max(MIN_BUCKET_EXPIRATION, (BUCKET_RING - 2) * version_interval))
 
 
 @dataclass(frozen=True)
@@ -242,7 +253,7 @@ class RolloutPeer:
             DHTBucketStore(
                 self.swarm,
                 self.blobs,
-                expiration=BUCKET_EXPIRATION,
+                expiration=lambda: bucket_expiration(self.follower.version_interval),
                 push_to=Reachable(self.swarm, "learner", admitted=session.admitted),
             ),
             # batches handed over and not yet stored before the sampler waits: room for a gathered run being
