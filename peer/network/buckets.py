@@ -270,10 +270,9 @@ class DHTBucketStore(BucketStore):
                     owner, v, seq = parse_group_subkey(subkey)
                 except (RecordError, UserError, ValueError):
                     continue  # the validators refuse such subkeys; nothing to attribute it to
-                if v != version:  # another version sharing this ring slot: never this read's, not sent again
+                if v != version or owner in skip:  # another version sharing this ring slot; a banned signer (the
+                    # intake's bans are for good): never this reader's, so not even sent through the pipe again
                     self._read_out.setdefault(version, set()).add(subkey_tag(subkey))
-                    continue
-                if owner in skip:  # a banned signer (read again if the ban is lifted)
                     continue
                 count = _count_of(item.value)
                 if all((owner, v, seq + i) in seen for i in range(count)):

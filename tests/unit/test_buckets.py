@@ -139,4 +139,7 @@ def test_entries_whose_groups_a_reader_has_are_left_out_of_its_next_reads_of_its
     assert store.fetch(4, 4) == [] and skips[-1] == set(), "per version"
     assert store.fetch(67, 67) == [] and skips[-1] == set(), "version 67 shares version 3's ring slot"
     assert store.fetch(67, 67) == [] and skips[-1] == {subkey_tag(subkey)}, "its other versions are then left out"
+    banned = DHTBucketStore(swarm, network_every=60.0)
+    assert banned.fetch(3, 3, skip={owner}) == [] and skips[-1] == set()
+    assert banned.fetch(3, 3, skip={owner}) == [] and skips[-1] == {subkey_tag(subkey)}, "a banned signer's: left out"
     assert store.count(3, 3) == 1 and skips[-1] == set(), "a count leaves nothing out"
