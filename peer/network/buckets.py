@@ -207,11 +207,11 @@ class DHTBucketStore(BucketStore):
     def store_entries(self, entries: list[tuple[str, bytes, dict]]) -> None:
         """Store the entries concurrently; retry what no node took."""
         pending = dict(enumerate(entries))
+        life = self.expiration() if callable(self.expiration) else self.expiration  # one life for every attempt
         for attempt in range(self.store_attempts):
             keys = list(pending)
             # hivemind's DHT time is wall-clock time; a retry may extend, never shorten, an entry's life
-            expires = time.time() + (self.expiration() if callable(self.expiration) else self.expiration)
-            items = [(k, sk, v, expires) for k, sk, v in (pending[i] for i in keys)]
+            items = [(k, sk, v, time.time() + life) for k, sk, v in (pending[i] for i in keys)]
             also = tuple(self.push_to()) if self.push_to is not None and self.narrow else ()
             stored = self.swarm.store_many(
                 items, "bucket entry", all_replicas=False, narrow=self.narrow, also=also, replicas=self.replicas
