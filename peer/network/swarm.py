@@ -14,12 +14,13 @@ raises :class:`SwarmJoinError` naming the addresses it tried and what to check â
 Search width: a record lives on the ``REPLICAS`` DHT nodes nearest its key. hivemind searches for them with a beam
 of 20 nodes (its bucket size), 4 requests in flight, before every store and on every ``latest`` read: in a swarm of
 32 that is ~20 nodes asked over several rounds. The hot paths (bucket entries, stored and polled per batch) pass
-``narrow=True``. A narrow store looks the ``REPLICAS`` nearest nodes up with a beam that wide, all asked at once,
-and then remembers them for the key (``peer.network.near_store``: later stores to that key skip the lookup). A
-narrow read asks the key's 2 nearest nodes at once: every replica gets every store, so one live replica has the
-whole dictionary and the second covers one that is down or behind. Both still follow nearer nodes that answers
-name, so they converge as Kademlia lookups do; they are less thorough than the wide search when routing tables
-are stale, which is why bucket readers read wide now and then (docs/protocol.md "Search width").
+``narrow=True``. A narrow store looks the ``replicas`` nearest nodes up (``REPLICAS``; a bucket entry 2, as it also
+goes to the learners) with a beam that wide, all asked at once, and then remembers them for the key
+(``peer.network.near_store``: later stores to that key skip the lookup). A narrow read asks the key's 2 nearest
+nodes at once: every replica gets every store, so one live replica has the whole dictionary and the second covers
+one that is down or behind. Both still follow nearer nodes that answers name, so they converge as Kademlia lookups
+do; they are less thorough than the wide search when routing tables are stale, which is why bucket readers read
+wide now and then (docs/protocol.md "Search width").
 
 Identity: ``identity_path`` keeps the libp2p identity (so the peer id, and thus the multiaddrs others pasted,
 survive a restart) and, beside it at ``<identity_path>.rsa``, the RSA key that signs this peer's DHT records (so
