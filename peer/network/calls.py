@@ -12,8 +12,9 @@ swarm's private folder (mode 0700, ``tempfile.mkdtemp``): only this peer's own p
 :class:`Channel` keeps one connection per thread and process; a call sends ``(function, args)`` pickled and
 length-prefixed, the DHT process runs ``await function(*args, dht, node)`` exactly as ``run_coroutine`` would, and
 sends back the result or the exception the same way. What travels is what hivemind's pipe carried already: pickles
-between the processes of one peer, never anything from the network. A connection's calls run one after another;
-the threads' connections run side by side on the DHT process's event loop.
+between the processes of one peer, never anything from the network. Messages are framed as every stream of the
+project is (:mod:`peer.network.framing`: a 4-byte big-endian length, then the bytes). A connection's calls run one
+after another; the threads' connections run side by side on the DHT process's event loop.
 
 A call whose DHT process is gone fails with :class:`ConnectionError` (hivemind's pipe would wait forever).
 """
@@ -27,7 +28,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-HEADER = 8  # bytes of the big-endian length before every message
+from peer.network.framing import PREFIX_BYTES, length_prefix, read_length
+
 TIMEOUT = 300.0  # s a call may take at most before its connection is given up (every call here is bounded far below)
 
 _servers: list = []  # in the DHT process: the servers, kept referenced while the event loop runs
@@ -41,8 +43,7 @@ async def serve(path: str, _dht, node) -> str:
     async def handle(reader, writer) -> None:
         try:
             while True:
-                size = int.from_bytes(await reader.readexactly(HEADER), "big")
-                function, args = pickle.loads(await reader.readexactly(size))
+                function, args = pickle.loads(await reader.readexactly(await read_length(reader)))
                 try:
                     answer = (True, await function(*args, _dht, node))
                 except Exception as e:  # noqa: BLE001 - the caller gets the exception, as run_coroutine gives it
@@ -51,7 +52,7 @@ async def serve(path: str, _dht, node) -> str:
                     data = pickle.dumps(answer)
                 except Exception as e:  # noqa: BLE001 - an answer that does not pickle: say what it was
                     data = pickle.dumps((False, RuntimeError(f"the DHT process's answer did not pickle: {e!r}")))
-                writer.write(len(data).to_bytes(HEADER, "big") + data)
+                writer.write(length_prefix(len(data)) + data)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the caller's thread or process ended
@@ -74,8 +75,8 @@ class Channel:
         sock = None
         try:
             sock = self._connection()
-            sock.sendall(len(data).to_bytes(HEADER, "big") + data)
-            ok, answer = pickle.loads(_receive(sock, int.from_bytes(_receive(sock, HEADER), "big")))
+            sock.sendall(length_prefix(len(data)) + data)
+            ok, answer = pickle.loads(_receive(sock, int.from_bytes(_receive(sock, PREFIX_BYTES), "big")))
         except (OSError, EOFError) as e:  # gone, or stuck past TIMEOUT: the next call opens a new connection
             self._local.held = None
             if sock is not None:
