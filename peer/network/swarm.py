@@ -77,6 +77,7 @@ test_blobs.py exercise them).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import shutil
@@ -284,8 +285,6 @@ class _Stores:
     MAX_KEYS = 4096  # keys whose latest store is remembered (a run's keys are fewer; the rest were refused)
 
     def __init__(self, storage):
-        import asyncio
-
         self.count = 0  # stores so far
         self.latest: dict = {}  # key DHTID -> self.count at its latest store (oldest first)
         self.event = asyncio.Event()  # set, and replaced, by every store
@@ -300,8 +299,6 @@ class _Stores:
         storage.store_subkey = store_subkey
 
     def stored(self, key) -> None:
-        import asyncio
-
         self.count += 1
         self.latest.pop(key, None)
         self.latest[key] = self.count
@@ -322,8 +319,6 @@ class _Stores:
 async def _wait_local(skips: dict, since: int, timeout: float, _dht, node) -> tuple[int, dict]:
     """Runs inside the DHT process: once a key of ``skips`` was stored into after store number ``since`` (-1: at
     once), or ``timeout`` s passed, ``(the number of the latest store, {key: _local_entries(key, skip)})``."""
-    import asyncio
-
     from hivemind.dht.routing import DHTID
 
     stores = _Stores.of(node)
