@@ -122,19 +122,28 @@ def test_groups_go_stale_in_the_pool(setup):
     assert it.counts["dropped_stale"] == 4 and it.waiting() == 0
 
 
-def test_the_share_cap_holds_a_flooding_peer_while_others_contribute(setup):
+def owners(chosen) -> list[str]:
+    return sorted(key_fingerprint(a.owner) for a in chosen)
+
+
+def test_the_share_cap_lets_a_peer_lend_half_its_cap_to_one_update_and_holds_it_to_its_share_after(setup):
+    """The cap is a token bucket (``BURST``): a peer may give one update up to half its cap more when another's
+    groups are short, and is held to its cap in the next updates until it has paid it back."""
     it = intake(setup, batch=4, share_cap=0.5)
     for g in setup.groups[A]:
         it.add(entry(A, g), 0)
     assert it.cap(0) == 4, "alone, a peer may fill an update"
     it.add(entry(B, setup.groups[B][0]), 0)
     assert it.contributors(0) == 2 and it.cap(0) == 2
-    assert it.take(0) is None, "A may give 2 of 4, B has 1: the update waits for more of B"
+    fa, fb = key_fingerprint(A), key_fingerprint(B)
+    assert owners(it.take(0)) == sorted([fa] * 3 + [fb]), "B has 1 of its 2: A lends it one (cap 2 + burst 1)"
+    assert it.take(0) is None, "A lent one and has 2 now; B has none: the update waits for B"
     it.add(entry(B, setup.groups[B][1]), 0)
-    chosen = it.take(0)
-    assert sorted(key_fingerprint(a.owner) for a in chosen) == sorted(
-        [key_fingerprint(A)] * 2 + [key_fingerprint(B)] * 2
-    )
+    assert it.take(0) is None, "A 2 + B 1 is not an update of 4"
+    it.add(entry(B, setup.groups[B][2]), 0)
+    assert owners(it.take(0)) == sorted([fa] * 2 + [fb] * 2)
+    assert it.tokens == {A: 2}, "A gave its cap: still at it; B is full again, so forgotten"
+    assert it.waiting() == len(setup.groups[A]) - 5 and it.take(0) is None
 
 
 def test_a_peer_that_died_stops_holding_the_others_to_the_cap(setup):
@@ -145,13 +154,14 @@ def test_a_peer_that_died_stops_holding_the_others_to_the_cap(setup):
     it.known.update({0: SHA0})
     it.add(entry(B, setup.groups[B][0]), 0)  # B contributes, then dies
     now[0] = 5.0
-    for g in setup.groups[A][:4]:
+    for g in setup.groups[A][:8]:
         it.add(entry(A, g), 0)
-    assert it.contributors(0) == 2 and it.take(0) is None, "A alone may give 2 of 4 while B counts"
+    assert it.contributors(0) == 2 and it.take(0) is not None, "A lends one to B's single group: 3 + 1"
+    assert it.take(0) is None, "then A alone may give 2 of 4 while B counts"
     now[0] = 5.0 + it.recent  # B's last group is older than `recent`: it no longer counts
     assert it.contributors(0) == 1
     chosen = it.take(0)
-    assert chosen is not None and {a.owner for a in chosen} == {A}
+    assert chosen is not None and {a.owner for a in chosen} == {A}, "A's debt at the old cap does not hold it"
 
 
 def test_the_benchmarks_barrier_takes_every_peers_share_of_the_current_version_only(setup):
@@ -519,28 +529,33 @@ def _made_up(setup, owner: bytes, seq: int, version: int, sha: str) -> GroupReco
 
 
 def test_a_flood_100_times_the_honest_rate_stays_under_the_cap_and_in_bounded_memory(setup):
-    """Signer A publishes 100 groups per version (spot checks off: as if they were honest), B one: every update
-    takes at most the cap from A, and what the intake keeps of A (pool, seqs) stays bounded however long it goes."""
+    """Signer A publishes 100 groups per version (spot checks off: as if they were honest), B 1 or 3: every update
+    takes at most the cap and its burst from A, any run of updates at most the cap per update and one burst, and
+    what the intake keeps of A (pool, seqs) stays bounded however long it goes."""
     from peer.roles.learner.intake import FORGET_EVERY, FORGET_MARGIN
 
     it = intake(setup, batch=4, share_cap=0.5)
     tau_max = setup.spec.staleness.tau_max
     seq_a = seq_b = 0
-    sizes, versions = [], 60
+    sizes, versions, given_a = [], 60, []
     for version in range(versions):
         sha = hashlib.sha256(f"v{version}".encode()).hexdigest()
         it.known[version] = sha
         for _ in range(100):
             assert it.add(entry(A, _made_up(setup, A, seq_a, version, sha)), version) is None
             seq_a += 1
-        for _ in range(2):
+        for _ in range(1 if version % 2 else 3):  # B is short of its 2 every other version
             assert it.add(entry(B, _made_up(setup, B, seq_b, version, sha)), version) is None
             seq_b += 1
         chosen = it.take(version)
         assert chosen is not None
-        assert sum(a.owner == A for a in chosen) <= it.cap(version) == 2, "A over its share"
+        given_a.append(sum(a.owner == A for a in chosen))
+        assert given_a[-1] <= it.cap(version) + 1 and it.cap(version) == 2, "A over its cap and burst"
+        for m in range(1, len(given_a) + 1):  # any m updates in a row: at most m x cap + the burst
+            assert sum(given_a[-m:]) <= 2 * m + 1, f"A over its share in its last {m} updates: {given_a[-m:]}"
         sizes.append((len(it.pool[A]), len(it.seqs[A])))
     assert A not in it.banned and B not in it.banned
+    assert max(given_a) == 3 and sum(given_a) <= 2 * versions + 1, "A lent to updates B was short of, and no more"
     bound = it.batch * (tau_max + 1)
     assert max(pool for pool, _ in sizes) <= bound, "the pool of one signer is bounded"
     remembered = 100 * (tau_max + 1 + FORGET_MARGIN + FORGET_EVERY)

@@ -32,9 +32,15 @@ A ban removes the signer's groups from the pool at once: nothing a liar sent aft
 update, and nothing it sent at all when the lie is in its first groups (the usual case).
 
 :meth:`Intake.take` picks the next update's groups, freshest first, with a **per-peer cap**: no signer provides
-more than ``ceil(max(share_cap, 1 / contributors) x n)`` of the ``n`` groups, where *contributors* are the signers
-with a verified group in the staleness window that arrived in the last ``recent`` seconds. One peer alone may fill
-an update; with two or more, a flooding peer is held to its cap and the update waits for the others — but not for
+more than ``cap = ceil(max(share_cap, 1 / contributors) x n)`` of the ``n`` groups per update *on average*, where
+*contributors* are the signers with a verified group in the staleness window that arrived in the last ``recent``
+seconds. The cap is a token bucket: each update gives every signer ``cap`` tokens, a group taken costs one, and a
+signer holds at most ``cap + ceil(cap x BURST)`` (where it starts). So over any ``m`` updates a signer gives at most
+``m x cap + ceil(cap x BURST)`` groups, and one update at most ``cap + ceil(cap x BURST)``: the long-run share is
+the cap's, while an update need not wait for a producer whose batch is a moment late when another has groups to
+lend (it pays them back in the updates that follow). A cap held update by update made an update wait for each
+producer's next batch even with groups to spare (docs/learner.md, "The per-peer cap"). One peer alone may fill an
+update; with two or more, a flooding peer is held to its cap and the update waits for the others — but not for
 peers that died or hang: they stop counting ``recent`` seconds after their last group (counting versions alone,
 an update waiting for a dead peer would wait forever, since no new version moves the window). The pool keeps at
 most ``n x (tau_max + 1)`` groups per signer (the oldest surplus is dropped), so a flood cannot grow the learner's
@@ -67,6 +73,7 @@ FORGIVEN = ("schema", "duplicate", "unknown_version", "lineage", "surplus")
 STRIKES = ("unknown_version", "lineage")
 """Forgiven reasons that still count towards a ban when they come in a long run from one signer."""
 STRIKE_UPDATES = 4  # such refusals in a row that ban: this many times groups_per_version x (tau_max + 1)
+BURST = 0.5  # the share of its cap a signer may give beyond it in one update, paid back in the next ones
 FORGET_MARGIN = 2  # versions beyond the window whose seqs are still remembered one by one
 FORGET_EVERY = 8  # versions between two passes that forget old seqs
 RECENT_SIGNAL = 512  # verified groups over which the share without signal is reported
@@ -118,6 +125,7 @@ class Intake:
         self.floor: dict[bytes, int] = {}  # signer -> the highest seq forgotten (its version left the window)
         self.used: dict[bytes, dict[int, int]] = defaultdict(dict)  # the same, of groups an update took
         self.pool: dict[bytes, list[Accepted]] = defaultdict(list)
+        self.tokens: dict[bytes, int] = {}  # signer -> groups it may give to the next update, when below the most
         self.last_verified: dict[bytes, int] = {}  # signer -> newest version of a verified group
         self.last_arrival: dict[bytes, float] = {}  # signer -> clock() when its latest verified group came
         self._pending: list[Accepted] = []
@@ -217,6 +225,7 @@ class Intake:
             self.counts["purged"] += len(self.pool.pop(owner, []))
             self.last_verified.pop(owner, None)
             self.last_arrival.pop(owner, None)
+            self.tokens.pop(owner, None)
 
     # --- the next update -------------------------------------------------------------------------------------------
 
@@ -262,7 +271,13 @@ class Intake:
         if self.barrier:
             return self._take_barrier(version)
         cap = self.cap(version)
-        if sum(min(cap, len(groups)) for groups in self.pool.values()) < self.batch:
+        most = cap + math.ceil(cap * BURST - 1e-9)
+
+        def allow(owner: bytes) -> int:  # within [cap, most], also when the cap moved (contributors came or went)
+            return min(most, max(cap, self.tokens.get(owner, most)))
+
+        allowed = {owner: allow(owner) for owner in self.pool}
+        if sum(min(allowed[owner], len(groups)) for owner, groups in self.pool.items()) < self.batch:
             # enough groups but too many of one signer's: the update waits for the others' shares
             self.counts["short_capped" if self.waiting() >= self.batch else "short"] += 1
             return None
@@ -270,7 +285,15 @@ class Intake:
             ((a, i) for groups in self.pool.values() for i, a in enumerate(groups)),
             key=lambda ai: (-ai[0].group.version, ai[0].group.created, ai[1]),
         )
-        return self._choose(candidates, cap)
+        chosen = self._choose(candidates, allowed)
+        given = Counter(a.owner for a in chosen)
+        for owner in set(self.tokens) | set(given):  # every signer earns ``cap`` per update, up to ``most``
+            left = min(most, allow(owner) - given[owner] + cap)
+            if left >= most:
+                self.tokens.pop(owner, None)  # full: the default, so the table holds only signers in debt
+            else:
+                self.tokens[owner] = left
+        return chosen
 
     def _take_barrier(self, version: int) -> list[Accepted] | None:
         peers = self.contributing(version)
@@ -281,14 +304,15 @@ class Intake:
         if any(len(groups) < share for groups in fresh.values()):
             return None
         candidates = [(a, i) for o in peers for i, a in enumerate(fresh[o][:share])]
-        return self._choose(candidates, share)
+        return self._choose(candidates, dict.fromkeys(peers, share))
 
-    def _choose(self, candidates: list[tuple[Accepted, int]], cap: int) -> list[Accepted]:
-        """The first ``batch`` of ``candidates`` with at most ``cap`` per signer; marked used, out of the pool."""
+    def _choose(self, candidates: list[tuple[Accepted, int]], allowed: dict[bytes, int]) -> list[Accepted]:
+        """The first ``batch`` of ``candidates`` with at most ``allowed[signer]`` per signer; marked used, out of the
+        pool."""
         chosen: list[Accepted] = []
         per_owner: Counter = Counter()
         for accepted, _ in candidates:
-            if per_owner[accepted.owner] < cap:
+            if per_owner[accepted.owner] < allowed[accepted.owner]:
                 chosen.append(accepted)
                 per_owner[accepted.owner] += 1
                 if len(chosen) == self.batch:
