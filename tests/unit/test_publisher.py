@@ -71,6 +71,27 @@ def test_flush_ends_the_gathering_at_once():
         publisher.close()
 
 
+def test_a_callable_linger_is_asked_at_each_hand_over_and_the_first_batch_sets_the_gathering():
+    store = Store()
+    lingers = [0.0, 0.0, 30.0, 0.0]  # the third batch starts a gathering of 30 s that the fourth joins
+    publisher = Publisher(store, 8, pid_groups, linger=lambda: lingers.pop(0))
+    try:
+        for seq0 in (0, 2):  # no linger: one store each
+            publisher.put(sampled(seq0, 2))
+            deadline = time.monotonic() + 10
+            while publisher.published < seq0 + 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        publisher.put(sampled(4, 2))
+        publisher.put(sampled(6, 2))
+        time.sleep(0.5)
+        assert publisher.published == 4, "the third batch waits out its linger, gathering the fourth"
+        publisher.flush()
+        assert store.calls == [(os.getpid(), [0, 1]), (os.getpid(), [2, 3]), (os.getpid(), [4, 5, 6, 7])]
+        assert lingers == [], "asked once per batch"
+    finally:
+        publisher.close()
+
+
 def test_a_sampled_batch_reaches_the_child_with_its_tensors_intact():
     batch = Completions(
         prompt_ids=torch.tensor([[0, 5, 6], [7, 8, 9]]),

@@ -628,6 +628,14 @@ def test_bucket_entries_live_until_their_ring_slot_comes_round_within_bounds():
     assert bucket_expiration(60.0) == BUCKET_EXPIRATION, "a real model's pace: at most ten minutes"
 
 
+def test_the_publish_linger_is_a_tenth_of_the_time_between_versions_at_most_its_setting():
+    from peer.roles.rollout.peer import LINGER_SHARE, publish_linger
+
+    assert publish_linger(0.25, 0.0) == 0.25, "versions not yet measured: the setting"
+    assert publish_linger(0.25, 0.4) == pytest.approx(LINGER_SHARE * 0.4), "the demo's pace: 0.04 s, not 0.25"
+    assert publish_linger(0.25, 30.0) == 0.25, "a real model's pace: the setting"
+
+
 def test_a_store_asks_a_callable_expiration_at_each_store():
     from peer.network.buckets import DHTBucketStore
     from tests.helpers.records import make_group

@@ -82,6 +82,19 @@ def bucket_expiration(version_interval: float) -> float:
     return min(BUCKET_EXPIRATION, max(MIN_BUCKET_EXPIRATION, (BUCKET_RING - 2) * version_interval))
 
 
+LINGER_SHARE = 0.1  # the share of the time between versions the publisher gathers groups for, at most
+
+
+def publish_linger(most: float, version_interval: float) -> float:
+    """Seconds the publisher gathers a batch's groups with the next ones into one store: ``most``, but no more than
+    ``LINGER_SHARE`` of the seconds between versions (0: not known yet). Gathering makes fewer, fuller entries, and
+    delays each group by as much: on a small model, where versions come every 0.4 s, 0.25 s was most of a
+    version's worth of staleness on every group (docs/rollout.md, "Measured")."""
+    if version_interval <= 0:
+        return most
+    return min(most, LINGER_SHARE * version_interval)
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     run_id: str
@@ -98,7 +111,7 @@ class RolloutConfig:
     heartbeat_interval: float = 10.0
     allowed_tasks: tuple[str, ...] = ()  # plug-in task modules the manifest may name (--allow-task)
     poll_interval: float = 0.5
-    publish_linger: float = 0.25  # seconds the publisher gathers groups into one store (fewer, fuller entries)
+    publish_linger: float = 0.25  # seconds the publisher gathers groups into one store at most (publish_linger())
     ledger: Path | None = None  # JSON lines: one per batch and one per adapter swap
     metrics_port: int | None = None  # serve Prometheus metrics at http://metrics_host:PORT/metrics (0: any free port)
     metrics_host: str = "127.0.0.1"  # the address the metrics are served on
@@ -260,7 +273,7 @@ class RolloutPeer:
             # stored, the next ones gathering, and a slow store (p50 20 ms, but up to 0.9 s seen on loopback)
             max(4, 4 * -(-MAX_GATHERED_GROUPS // self.batch_size)),
             self.score,
-            linger=c.publish_linger,
+            linger=lambda: publish_linger(c.publish_linger, self.follower.version_interval),
         )
         self._closers.add(self.publisher.close)
         self.store = self.publisher.store

@@ -22,6 +22,7 @@ import pickle
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,7 @@ class Sampled:
     seqs: range
     version: int
     sha: str
+    linger: float = 0.0  # seconds the child gathers the batches that follow this one into the same store
 
     def __getstate__(self) -> dict:
         # tensors as numpy arrays: pickled ~10x faster than torch's own reduction, and no shared-memory handles
@@ -62,9 +64,10 @@ class Sampled:
 class Publisher:
     """Publishes sampled batches through a child process; a full queue (``max_queued`` batches not yet stored)
     blocks the sampler (backpressure). The child gathers what arrives within ``linger`` seconds (up to 64 groups)
-    into one store: fewer, fuller entries cost every DHT node less validation."""
+    into one store: fewer, fuller entries cost every DHT node less validation. ``linger`` is a number or a function
+    asked at each hand-over (the batch carries its answer to the child)."""
 
-    def __init__(self, store, max_queued: int, prepare, linger: float = 0.0):
+    def __init__(self, store, max_queued: int, prepare, linger: float | Callable[[], float] = 0.0):
         self.store = store
         self.max_queued = max_queued
         self.published = 0
@@ -78,8 +81,9 @@ class Publisher:
         self._send_lock = threading.Lock()
         context = multiprocessing.get_context("fork")  # the child inherits the task, tokenizer and keys
         ours, theirs = context.Pipe()
+        self._linger = linger if callable(linger) else (lambda: linger)
         self._process = context.Process(
-            target=_child, args=(theirs, ours, prepare, store.entries_of, linger), name="group-publisher", daemon=True
+            target=_child, args=(theirs, ours, prepare, store.entries_of), name="group-publisher", daemon=True
         )
         # Blocked while forking: a Ctrl-C in the child's first instants (before it ignores it) would kill it mid-start.
         quiet = {signal.SIGINT, signal.SIGTERM}
@@ -105,6 +109,7 @@ class Publisher:
                 self._done.wait()
             self._pending += 1
         self.check()
+        sampled.linger = self._linger()
         self._send(sampled)
 
     def check(self) -> None:
@@ -191,8 +196,9 @@ def _get(conn):
     return pickle.loads(conn.recv_bytes())
 
 
-def _child(conn, parent_end, prepare, make_entries, linger: float) -> None:
-    """The child's loop: gather batches for up to ``linger`` s, score them, make their entries, send them back."""
+def _child(conn, parent_end, prepare, make_entries) -> None:
+    """The child's loop: gather batches for up to the first one's ``linger`` s, score them, make their entries, send
+    them back."""
     parent_end.close()  # only the parent holds it now: its exit ends our recv with EOFError
     name_process("hivegrpo-publis")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group; the parent says when to stop
@@ -207,7 +213,7 @@ def _child(conn, parent_end, prepare, make_entries, linger: float) -> None:
             if message is None:
                 break
             batches = [] if isinstance(message, str) else [message]
-            deadline, stop = time.monotonic() + linger, False
+            deadline, stop = time.monotonic() + (message.linger if batches else 0.0), False
             while batches and sum(len(b.seqs) for b in batches) < MAX_GATHERED_GROUPS:
                 if not conn.poll(max(0.0, deadline - time.monotonic())):
                     break
