@@ -61,6 +61,8 @@ class CpuSampler:
             return
         for p in processes:  # parents before children: a helper's label names its parent's
             base = label(p, self.labels)
+            if base == "?":  # ending between the listing and the look (its name is gone): keep what it was
+                base = self.labels.get(p.pid, base)
             if base in ("rollout", "learner"):  # numbered once, in the order first seen
                 known = self.labels.get(p.pid, "")
                 if not known.startswith(base):

@@ -90,7 +90,7 @@ def end(*pids: int) -> None:
             p.wait(timeout=10)
 
 
-def test_a_helper_is_labelled_under_its_parent_once_it_names_itself_and_its_cpu_is_counted():
+def test_a_helper_is_labelled_under_its_parent_once_it_names_itself_and_its_cpu_is_counted(monkeypatch):
     root = subprocess.Popen(
         [sys.executable, "-c", TREE, "join"], env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -116,6 +116,11 @@ def test_a_helper_is_labelled_under_its_parent_once_it_names_itself_and_its_cpu_
         totals = groups(by_label)
         assert totals["dht"] == by_label["rollout 1 dht"] and totals["p2pd"] == 0.0
         assert totals["all"] == pytest.approx(by_label["rollout 1"] + by_label["rollout 1 dht"], abs=0.11)
+        import tests.benchmarks.cpu as cpu
+
+        monkeypatch.setattr(cpu, "label", lambda process, labels: "?")  # as for a process ending meanwhile
+        sampler.sample()
+        assert sampler.labels[helper] == "rollout 1 dht" and "?" not in sampler.by_label(), "its seconds stay its own"
     finally:
         end(*([helper] if helper else []), root.pid)
         root.wait(timeout=10)
