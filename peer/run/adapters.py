@@ -9,8 +9,11 @@ transfer and again, after the swap, by hashing the adapter the model actually ho
 :mod:`peer.roles.rollout.peer`).
 
 Announcements are also pushed: a learner sends each one to the DHT nodes of the run's live rollout peers and
-observers (at most ``MAX_PUSHED``, from their heartbeats) as it stores it (the push first: the store waits for
-every replica, a follower need not), and an :class:`AdapterFollower`
+observers (at most ``MAX_PUSHED``, from their heartbeats) as it stores it (in the background: the store waits for
+every replica, a follower need not). The store is a narrow one (:mod:`peer.network.near_store`): the key is the
+same for every version, so its nearest nodes are looked up once and reused; a lookup per version (hivemind's
+store) also brought back the key's records from every node asked, and was the most frequent call of the learner's
+DHT process (docs/protocol.md, "Stores that skip the lookup"). An :class:`AdapterFollower`
 waits on its own node's copy between two reads of the network: its DHT process answers when a record is stored
 there (:meth:`~peer.network.swarm.Swarm.wait_local`, at most ``local_every`` seconds a call), not when asked again.
 A newer version seen there (from an admitted learner) makes it take the announcements at once, from that copy, not
@@ -110,13 +113,10 @@ def announce_adapter(
     followers = list(push_to)
     if len(followers) > MAX_PUSHED:
         followers = random.sample(followers, MAX_PUSHED)
-    if followers:  # first: the store below waits for every replica, the followers need not
-        try:
-            swarm.push([(key, subkey, value, time.time() + ttl)], followers, "adapter announcement")
-        except Exception as e:  # the network boundary: the followers read the announcements anyway
-            logger.debug("could not push the announcement of adapter v%d: %s", version, e)
     for attempt in range(4):  # a store can come back refused under load; the retry expires later, so it wins
-        if swarm.store(key, subkey, value, time.time() + ttl, "adapter announcement"):
+        also = tuple(followers) if attempt == 0 else ()  # pushed once, in the background; they read the key anyway
+        item = (key, subkey, value, time.time() + ttl)
+        if swarm.store_many([item], "adapter announcement", narrow=True, also=also)[0]:
             break
         time.sleep(0.25 * 2**attempt)
     else:

@@ -69,6 +69,9 @@ class _Swarm:
     def store(self, *args, **kwargs):
         return True
 
+    def store_many(self, items, what, **kwargs):
+        return [True] * len(items)
+
 
 @pytest.fixture
 def announcer(monkeypatch):

@@ -241,13 +241,13 @@ class Announcer:
                 )
                 self.announced, self._current, last = version, pending, time.monotonic()
                 if metrics is not None:
-                    self.swarm.store(
+                    item = (
                         metrics_key(self.swarm.run_id),
                         owner_subkey(self.swarm.public_key),
                         to_dht_value(metrics),
                         time.time() + 600.0,
-                        "learner metrics",
                     )
+                    self.swarm.store_many([item], "learner metrics", narrow=True)  # one key: its nodes reused
             except Exception as e:  # the network boundary: keep learning; the next version is announced anyway
                 self.failures += 1
                 logger.warning("could not announce adapter v%d: %s", version, e)
