@@ -1,6 +1,6 @@
 """The rollout benchmark's arithmetic on made-up ledgers (the benchmark itself runs whole swarms, never as a test)."""
 
-from tests.benchmarks.rollouts import accepted_rate, gaps, own_rate, pct, propagation, share_of
+from tests.benchmarks.rollouts import accepted_rate, gaps, own_rate, pct, propagation, share_of, taken_rate
 
 
 def versions(*times_groups):
@@ -19,6 +19,10 @@ def test_rates_count_what_happened_inside_the_window_only():
     ]
     assert own_rate(batches, 10.0, 20.0) == 16 / 4.0
     assert own_rate(batches, 20.0, 30.0) is None
+    for line, no_signal in zip(learner, (5, 9, 9, 13, 40), strict=True):  # a running count on each line
+        line["dropped_no_signal"] = no_signal
+    assert taken_rate(learner, 10.0, 14.0) == (72 + 13 - 5) / 4.0, "used, and counted without signal, in the span"
+    assert taken_rate(learner, 13.0, 20.0) is None
 
 
 def test_propagation_measures_each_peer_from_the_announcement_to_its_swap():
