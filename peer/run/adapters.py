@@ -13,7 +13,7 @@ observers (at most ``MAX_PUSHED``, from their heartbeats) as it stores it (in th
 every replica, a follower need not). The store is a narrow one (:mod:`peer.network.near_store`): the key is the
 same for every version, so its nearest nodes are looked up once and reused; a lookup per version (hivemind's
 store) also brought back the key's records from every node asked, and was the most frequent call of the learner's
-DHT process (docs/protocol.md, "Stores that skip the lookup"). An :class:`AdapterFollower`
+DHT process (docs/protocol.md, "Search width"). An :class:`AdapterFollower`
 waits on its own node's copy between two reads of the network: its DHT process answers when a record is stored
 there (:meth:`~peer.network.swarm.Swarm.wait_local`, at most ``local_every`` seconds a call), not when asked again.
 A newer version seen there (from an admitted learner) makes it take the announcements at once, from that copy, not
