@@ -2,7 +2,8 @@
 
 Each process is labelled by what it is: a hivegrpo role by its sub-command (``join`` → rollout, ``learn``, ``host``,
 ``demo``), a helper process by the name the peer gives it (``hivegrpo-dht``, ``hivegrpo-publis``) under its
-parent's label, ``p2pd`` as itself. A process's CPU is its last sample (user + system), so a process that ends
+parent's label, ``p2pd`` under the label of the peer whose DHT process started it (``rollout 1 p2pd``), or as
+itself. A process's CPU is its last sample (user + system), so a process that ends
 between two samples loses at most its last second::
 
     python -m tests.benchmarks.cpu --out cpu.json -- hivegrpo demo --json --report-dir /tmp/demo
@@ -31,7 +32,8 @@ def label(process: psutil.Process, labels: dict[int, str]) -> str:
     if name.startswith("hivegrpo-"):
         return f"{labels.get(parent, '?')} {name.removeprefix('hivegrpo-')}"
     if name == "p2pd" or any(part.endswith("p2pd") for part in cmdline[:1]):
-        return "p2pd"
+        owner = labels.get(parent, "")  # a DHT process starts its node's daemon: name it after that peer
+        return f"{owner.removesuffix(' dht')} p2pd" if owner.endswith(" dht") else "p2pd"
     if parent in labels:  # forked and not (yet) named: its parent's command line, not a role of its own
         try:
             if psutil.Process(parent).cmdline() == cmdline:
@@ -87,7 +89,7 @@ def groups(by_label: dict[str, float]) -> dict[str, float]:
     """The table's totals: the peers' own processes, their helpers (DHT, publisher), p2pd, and all."""
     total = sum(by_label.values())
     dht = sum(v for k, v in by_label.items() if k.endswith(" dht"))
-    p2pd = sum(v for k, v in by_label.items() if k.startswith("p2pd"))
+    p2pd = sum(v for k, v in by_label.items() if k == "p2pd" or k.endswith(" p2pd"))
     return {
         "all": round(total, 1),
         "dht": round(dht, 1),

@@ -156,12 +156,13 @@ class FakeProcess:
         (FakeProcess("hivegrpo-dht", ["python3"], ppid=99), "? dht"),
         (FakeProcess("p2pd", ["/venv/lib/hivemind_cli/p2pd", "-listen"]), "p2pd"),
         (FakeProcess("p2pd-wrapper", ["/opt/bin/p2pd"]), "p2pd"),
+        (FakeProcess("p2pd", ["/venv/lib/hivemind_cli/p2pd"], ppid=12), "rollout 1 p2pd"),
         (FakeProcess("bash", ["bash", "-c", "sleep 1"]), "bash"),
         (FakeProcess("python3", [], gone=True), "?"),
     ],
 )
 def test_label(process, expected):
-    assert label(process, {10: "rollout 1", 11: "learner 1"}) == expected
+    assert label(process, {10: "rollout 1", 11: "learner 1", 12: "rollout 1 dht"}) == expected
 
 
 def test_by_label_adds_up_the_processes_of_one_label():
@@ -180,14 +181,15 @@ def test_groups_sums_the_helpers_and_their_share():
         "learner 1": 20.0,
         "learner 1 dht": 3.0,
         "p2pd": 3.5,
+        "learner 1 p2pd": 1.0,
         "demo": 0.0,
     }
     assert groups(by_label) == {
-        "all": 40.0,
+        "all": 41.0,
         "dht": 5.0,
-        "p2pd": 3.5,
+        "p2pd": 4.5,
         "publisher": 1.5,
-        "dht_and_p2pd_share": round(8.5 / 40.0, 3),
+        "dht_and_p2pd_share": round(9.5 / 41.0, 3),
     }
     assert groups({}) == {"all": 0, "dht": 0, "p2pd": 0, "publisher": 0, "dht_and_p2pd_share": 0.0}
 
