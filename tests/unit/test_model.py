@@ -247,3 +247,19 @@ def test_device_and_dtype_are_checked_with_one_clear_error():
         with pytest.raises(ModelLoadError, match="sees no CUDA device; use --device cpu or auto"):
             resolve_device("cuda:1")
         assert resolve_device("auto") == torch.device("cpu")
+
+
+def test_importing_the_model_code_logs_no_failed_optional_kernel():
+    """bitsandbytes logs "Failed to load CPU gemm_4bit_forward" at its import on AVX512-BF16 CPUs when transformers
+    brings the ``kernels`` package (it refuses the hub's kernel): ``peer`` drops that one line, nothing else."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, peer.model.loading, bitsandbytes\n"
+        "logging.getLogger('bitsandbytes.backends.cpu.ops').warning('Failed to load CPU gemm_4bit_forward: x')\n"
+        "logging.getLogger('bitsandbytes.backends.cpu.ops').warning('another warning')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "gemm_4bit_forward" not in done.stderr and "another warning" in done.stderr, done.stderr[-2000:]
