@@ -108,6 +108,8 @@ def test_an_unauthorized_request_never_takes_a_serving_slot(tmp_path):
                     await writer.drain()
                 await wait_until_async(lambda: server.stats.requests == 2, "the server saw the stranger's streams")
                 assert (await fetch("a")).read_bytes() == data, "a slot was held by a request not read yet"
+                # the invited fetch's own stream lingers until its client closes it: under load, a moment later
+                await wait_until_async(lambda: server.waiting == 2, "the invited fetch's stream closed")
                 for writer in writers:  # now whole: refused, and the stranger neither reads nor closes
                     writer.write(frame[-1:])
                     await writer.drain()
