@@ -68,10 +68,7 @@ def pct(values: list[float], q: float) -> float | None:
 
 def accepted_rate(versions: list[dict], start: float, end: float) -> float | None:
     """Groups per second the learner took into updates between ``start`` and ``end`` (version times)."""
-    inside = [v for v in versions if start <= v["time"] <= end]
-    if len(inside) < 2:
-        return None
-    return round(sum(v["groups"] for v in inside[1:]) / (inside[-1]["time"] - inside[0]["time"]), 3)
+    return _rate(versions, start, end, no_signal=False)
 
 
 def taken_rate(versions: list[dict], start: float, end: float) -> float | None:
@@ -79,11 +76,19 @@ def taken_rate(versions: list[dict], start: float, end: float) -> float | None:
     without signal (``dropped_no_signal``, a running count on each version's line). A group whose rewards are all
     equal teaches nothing and never takes an update's slot (docs/learner.md), so what a peer makes is used or not by
     this measure; what is left out is lost to staleness or refused."""
+    return _rate(versions, start, end, no_signal=True)
+
+
+def _rate(versions: list[dict], start: float, end: float, no_signal: bool) -> float | None:
+    """The versions inside the window, the first one opening the span: their groups (and, with ``no_signal``, the
+    groups counted without signal meanwhile) per second, or None for fewer than two versions."""
     inside = [v for v in versions if start <= v["time"] <= end]
     if len(inside) < 2:
         return None
-    no_signal = inside[-1].get("dropped_no_signal", 0) - inside[0].get("dropped_no_signal", 0)
-    return round((sum(v["groups"] for v in inside[1:]) + no_signal) / (inside[-1]["time"] - inside[0]["time"]), 3)
+    groups = sum(v["groups"] for v in inside[1:])
+    if no_signal:
+        groups += inside[-1].get("dropped_no_signal", 0) - inside[0].get("dropped_no_signal", 0)
+    return round(groups / (inside[-1]["time"] - inside[0]["time"]), 3)
 
 
 def own_rate(batches: list[dict], start: float, end: float) -> float | None:
