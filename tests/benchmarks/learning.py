@@ -395,6 +395,9 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--keep", default=None, help="keep the runs' reports and logs here (default: a temporary folder)"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run the systems this many times, in alternating order; report medians"
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None, help="write exact match against each system's clock here (PNG)")
     parser.add_argument("--one", choices=SYSTEMS, default=None, help=argparse.SUPPRESS)
@@ -404,41 +407,111 @@ def main(argv=None) -> dict:
         require("--plot")  # now, not after the whole run
     if args.one:
         return run_one(args)
-    systems = {}
+    rounds = []
     with tempfile.TemporaryDirectory(prefix="hivegrpo-bench-learning-") as tmp:
         root = Path(args.keep or tmp).resolve()
-        root.mkdir(parents=True, exist_ok=True)
-        for system in args.systems:
-            systems[system] = run_child(system, args, root)
-            shown = {k: v for k, v in systems[system].items() if k not in ("evaluations", "error")}
-            print(json.dumps(shown), flush=True)
-    times = {name: r.get("seconds_to_target") for name, r in systems.items()}
-    ratios = {}
-    if "swarm" in systems and "reference" in systems:
-        ratios[f"swarm / reference time to EM ≥ {args.target:g}"] = ratio(times["swarm"], times["reference"])
-    if "swarm" in systems and "trl" in systems:
-        ratios[f"swarm / trl time to EM ≥ {args.target:g}"] = ratio(times["swarm"], times["trl"])
-    result = {
-        "systems": systems,
-        "ratios": ratios,
-        "config": {k: v for k, v in vars(args).items() if k not in ("one", "child_out")},
-    }
-    print_table(result, args)
+        for k in range(args.rounds):
+            # alternate the order so that neither system always runs on the machine the other just warmed or loaded
+            order = args.systems if k % 2 == 0 else list(reversed(args.systems))
+            folder = root if args.rounds == 1 else root / f"round-{k + 1}"
+            folder.mkdir(parents=True, exist_ok=True)
+            systems = {}
+            for system in order:
+                systems[system] = run_child(system, args, folder)
+                shown = {key: v for key, v in systems[system].items() if key not in ("evaluations", "error")}
+                print(json.dumps(shown), flush=True)
+            systems = {name: systems[name] for name in args.systems}
+            rounds.append({"systems": systems, "ratios": ratios_of(systems, args.target)})
+            if args.rounds > 1:
+                print(f"round {k + 1} of {args.rounds}:")
+            print_table(rounds[-1], args)
+    config = {k: v for k, v in vars(args).items() if k not in ("one", "child_out")}
+    if args.rounds == 1:
+        result = {**rounds[0], "config": config}
+    else:
+        result = {"rounds": rounds, "summary": summarize_rounds(rounds, args), "config": config}
+        print_summary(result["summary"], args)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     if args.plot:
-        plot(systems, args.target, Path(args.plot))
+        plot([r["systems"] for r in rounds], args.target, Path(args.plot))
     return result
 
 
-def plot(systems: dict, target: float, path: Path) -> None:
-    """Exact match against each system's own clock, one line per system."""
+def ratios_of(systems: dict, target: float) -> dict:
+    """Swarm against each other system: the ratio of their times to the target (None if one never reached it)."""
+    times = {name: r.get("seconds_to_target") for name, r in systems.items()}
+    return {
+        f"swarm / {other} time to EM ≥ {target:g}": ratio(times["swarm"], times[other])
+        for other in ("reference", "trl")
+        if "swarm" in systems and other in systems
+    }
+
+
+def median(values: list) -> float | None:
+    """The median, None counted as larger than every number (a system that never reached the target is slowest)."""
+    if not values:
+        return None
+    ranked = sorted(values, key=lambda v: (v is None, v or 0.0))
+    n = len(ranked)
+    middle = ranked[(n - 1) // 2 : n // 2 + 1]
+    if any(v is None for v in middle):
+        return None
+    return round(sum(middle) / len(middle), 3)
+
+
+def summarize_rounds(rounds: list, args) -> dict:
+    """Across rounds: each ratio's values and median, and per system the times to the target and the mean EM at
+    each checkpoint (EM at fixed times moves less with one lucky or unlucky evaluation than the first crossing)."""
+    names = list(rounds[0]["ratios"])
+    ratios = {name: {"rounds": [r["ratios"][name] for r in rounds]} for name in names}
+    for row in ratios.values():
+        row["median"] = median(row["rounds"])
+        row["met"] = sum(1 for v in row["rounds"] if v is not None and v <= RATIO_GOAL)
+    systems = {}
+    for name in rounds[0]["systems"]:
+        ran = [r["systems"][name] for r in rounds if "evaluations" in r["systems"][name]]
+        if not ran:
+            continue
+        times = [r["seconds_to_target"] for r in ran]
+        em = {}
+        for t in checkpoints(args.duration):
+            values = [r["em_at"][f"{t:g}"] for r in ran if r["em_at"].get(f"{t:g}") is not None]
+            em[f"{t:g}"] = round(sum(values) / len(values), 3) if values else None
+        systems[name] = {"rounds": len(ran), "seconds_to_target": times, "median_seconds": median(times), "em_at": em}
+    return {"ratios": ratios, "systems": systems, "goal": RATIO_GOAL}
+
+
+def print_summary(summary: dict, args) -> None:
+    marks = checkpoints(args.duration)
+    print(f"over {args.rounds} rounds:")
+    print(f"{'system':>9} {'runs':>4} {'median t':>8} " + " ".join(f"{'EM@' + format(t, 'g'):>6}" for t in marks))
+    for name, s in summary["systems"].items():
+        cells = [f"{name:>9}", f"{s['rounds']:>4}", _cell(s["median_seconds"], 8, ".1f")]
+        print(" ".join(cells + [_cell(s["em_at"][f"{t:g}"], 6) for t in marks]))
+        times = ", ".join(_cell(v, 1, ".1f") for v in s["seconds_to_target"])
+        print(f"{'':>9} t(EM≥{args.target:g}) by round: {times}")
+    for name, row in summary["ratios"].items():
+        values = ", ".join(_cell(v, 1) for v in row["rounds"])
+        goal = f"; ≤ {summary['goal']:g} in {row['met']} of {len(row['rounds'])}" if "reference" in name else ""
+        print(f"{name}: median {_cell(row['median'], 1)} (by round: {values}{goal})")
+
+
+def plot(rounds: list, target: float, path: Path) -> None:
+    """Exact match against each system's own clock, one line per system and round (one colour per system)."""
     plt = require("--plot")
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name, r in systems.items():
-        rows = r.get("evaluations") or []
-        if rows:
-            ax.plot([row[0] for row in rows], [row[2] for row in rows], "o-", markersize=3, label=name)
+    colours = {}
+    for systems in rounds:
+        for name, r in systems.items():
+            rows = r.get("evaluations") or []
+            if not rows:
+                continue
+            first = name not in colours
+            colour = colours.setdefault(name, f"C{len(colours)}")
+            xs, ys = [row[0] for row in rows], [row[2] for row in rows]
+            alpha = 1.0 if len(rounds) == 1 else 0.6
+            ax.plot(xs, ys, "o-", markersize=3, color=colour, alpha=alpha, label=name if first else None)
     ax.axhline(target, linestyle="--", color="grey", linewidth=1, label=f"target {target:g}")
     ax.set_xlabel("seconds (swarm: wall time from start; reference, TRL: training time)")
     ax.set_ylabel("held-out exact match (greedy)")
