@@ -1,9 +1,15 @@
 """The demo's observer: a peer of the run (role ``observer``) that follows the adapter and measures exact match.
 
 It starts like any peer (:func:`peer.run.session.open_session`: manifest, base model as the run says, the newest
-adapter), follows new versions with an :class:`~peer.run.adapters.AdapterFollower` (the blob comes over P2P from
-the learner and is checked against the announced sha256), and reads what the swarm publishes about itself: the
-heartbeats (rollout peers' throughput) and the learners' :class:`~peer.protocol.MetricsRecord`. Exact match is
+adapter), takes the newest version when it is about to evaluate (:meth:`Observer.catch_up`: one read of the
+announcements through an :class:`~peer.run.adapters.AdapterFollower`, the blob over P2P from the learner or a
+holder, checked against the announced sha256), and reads what the swarm publishes about itself: the heartbeats
+(rollout peers' throughput) and the learners' :class:`~peer.protocol.MetricsRecord`.
+
+It only reads, so its DHT node runs in client mode: it serves no DHT requests, holds no replicas, is pushed no
+announcements and lists itself as the holder of no adapter. It fetches a version only when it evaluates (every
+``--eval-every`` seconds), not every version the learner makes: following every version, as a rollout peer must,
+cost the demo's 2 cores more than the observer's evaluations (docs/demo.md, "The observer"). Exact match is
 :func:`peer.model.evaluate.exact_match` on the task's held-out set — what ``hivegrpo eval`` runs — on the adapter
 the observer holds, so the demo's numbers are checkable with the saved adapter file.
 """
@@ -33,9 +39,8 @@ class Observer:
     def __init__(self, run_id: str, initial_peers: list[str], coordinator: str, cache_dir: Path):
         from peer.run.session import SessionConfig
 
-        self.config = SessionConfig(
-            run_id, NetworkConfig.loopback(initial_peers), coordinator, device="cpu", cache_dir=cache_dir
-        )
+        network = NetworkConfig.loopback(initial_peers, client_mode=True)  # a reader: it serves nobody
+        self.config = SessionConfig(run_id, network, coordinator, device="cpu", cache_dir=cache_dir)
         self._closers = Closers()
         self.session = None
         self.follower = None
@@ -45,10 +50,18 @@ class Observer:
         from peer.run.session import open_session
 
         self.session = s = open_session(self.config, "observer", self._closers)
+        # not started: no thread follows every version; catch_up polls once when asked. No own copy to watch
+        # (local_every=0): a client-mode node holds nothing and is pushed nothing.
         self.follower = AdapterFollower(
-            s.swarm, s.blobs, s.version, others=s.providers, admitted=s.admitted, check=s.check_adapter, held_sha=s.sha
-        ).start()
-        self._closers.add(self.follower.stop)
+            s.swarm,
+            s.blobs,
+            s.version,
+            local_every=0,
+            others=s.providers,
+            admitted=s.admitted,
+            check=s.check_adapter,
+            held_sha=s.sha,
+        )
         return self
 
     @property
@@ -56,7 +69,13 @@ class Observer:
         return self.session.version
 
     def catch_up(self) -> bool:
-        """Load the newest prefetched adapter, if there is a newer one; whether the held version changed."""
+        """Read the announcements, fetch and load the newest adapter if it is newer than the one held; whether the
+        held version changed. A failed read or fetch is logged and leaves the held version (the next call tries
+        again)."""
+        try:
+            self.follower.poll()
+        except Exception as e:  # the network boundary: a bad announcement or a failed fetch
+            logger.warning("could not fetch the newest adapter: %s", e)
         ready = self.follower.take()
         if ready is None:
             return False

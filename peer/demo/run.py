@@ -103,11 +103,11 @@ def run_demo(config: DemoConfig, live: bool | None = None) -> dict:
                     if elapsed >= config.duration:
                         break
                     stopped = swarm.check()
-                    observer.catch_up()
                     snapshot = observer.snapshot()
                     for peer_id, rate in snapshot.rollout.items():
                         throughput.setdefault(peer_id, []).append([round(elapsed, 2), round(rate, 3)])
-                    if elapsed >= next_eval and observer.version > evaluations[-1]["version"]:
+                    # the newest adapter is fetched only when an evaluation is due (not every version)
+                    if elapsed >= next_eval and observer.catch_up() and observer.version > evaluations[-1]["version"]:
                         next_eval = elapsed + config.eval_every
                         evaluations.append(_evaluate(observer, config.eval_n, t0))
                         if config.target is not None and evaluations[-1]["exact_match"] >= config.target:
