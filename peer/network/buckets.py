@@ -2,8 +2,10 @@
 
 A rollout peer publishes each group under ``bucket_key(run, version)`` with the subkey
 ``[owner:ITS_KEY]<version>.<seq>``: the DHT's validators make sure only the owner of that key can write it and that
-the entry matches its schema. A small group rides inline in the entry; a larger one is put in the producer's blob
-cache and the entry holds a pointer (sha256, size, provider), fetched over a P2P stream when a learner wants it.
+the entry matches its schema. Small groups ride inline in the entry, packed as one batch; larger ones are put in the
+producer's blob cache and the entry holds a pointer (sha256, size, provider), fetched over a P2P stream when a
+learner wants it. Either way the groups are bytes until a reader parses them (:func:`~peer.protocol.groups_of`):
+the DHT nodes check the entry, not each group.
 Entries expire by themselves (``expiration`` seconds: a rollout peer's last as long as 62 versions take, at least
 60 s and at most 600 s), so buckets clean up.
 Stores and reads search narrowly (the key's nearest replicas, one round of requests: ``Swarm``'s "search width");
@@ -43,6 +45,7 @@ from peer.protocol import (
     fits_inline,
     from_dht_value,
     group_subkey,
+    groups_of,
     pack,
     parse_group_subkey,
     split_batches,
@@ -373,38 +376,30 @@ class DHTBucketStore(BucketStore):
         except RecordError as e:
             return _refused(owner, version, seq, count, str(e))
         if entry.inline is not None:
-            return [Fetched(owner, version, g.seq, g) for g in entry.inline]
-        if self.blobs is None:
+            data = entry.inline
+        elif self.blobs is None:
             return _refused(
                 owner, version, seq, entry.count, "the groups are a blob and this reader has no blob service"
             )
-        from hivemind.p2p import PeerID
+        else:
+            from hivemind.p2p import PeerID
 
-        pointer = entry.pointer
+            pointer = entry.pointer
+            try:
+                providers = [PeerID.from_base58(p) for p in pointer.providers]
+                path = self.blobs.fetch(pointer.sha256, pointer.size, providers, timeout=self.fetch_timeout)
+            except (UserError, ValueError) as e:
+                return _refused(owner, version, seq, entry.count, f"group blob unavailable: {e}")
+            try:
+                data = path.read_bytes()
+            finally:
+                if evict:  # used or refused, the learner is done with it: the cache holds no one else's groups
+                    self.blobs.cache.remove(pointer.sha256)
         try:
-            providers = [PeerID.from_base58(p) for p in pointer.providers]
-            path = self.blobs.fetch(pointer.sha256, pointer.size, providers, timeout=self.fetch_timeout)
-        except (UserError, ValueError) as e:
-            return _refused(owner, version, seq, entry.count, f"group blob unavailable: {e}")
-        try:
-            data = path.read_bytes()
-        finally:
-            if evict:  # used or refused, the learner is done with it: the cache holds no one else's groups
-                self.blobs.cache.remove(pointer.sha256)
-        try:
-            batch = unpack(GroupBatch, data)
+            groups = groups_of(data, version, seq, entry.count)
         except RecordError as e:
             return _refused(owner, version, seq, entry.count, str(e))
-        first = batch.groups[0]
-        if (first.version, first.seq, len(batch.groups)) != (version, seq, entry.count):
-            return _refused(
-                owner,
-                version,
-                seq,
-                entry.count,
-                f"blob holds {first.version}.{first.seq}+{len(batch.groups)}, its entry {version}.{seq}+{entry.count}",
-            )
-        return [Fetched(owner, version, g.seq, g) for g in batch.groups]
+        return [Fetched(owner, version, g.seq, g) for g in groups]
 
 
 def _label(subkey: bytes) -> str:

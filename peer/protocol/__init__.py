@@ -18,7 +18,8 @@ Publishing a group, in short::
 (``groups``: consecutive seqs ``seq .. seq + n - 1`` of one version; the pointer's blob is a packed ``GroupBatch``)
 
 and reading one back: ``from_dht_value(BucketEntry, item.value)`` for each subkey, keeping entries whose
-``version`` is the one wanted. Everything read is untrusted: parse it, never unpickle it. See docs/protocol.md.
+``version`` is the one wanted, then ``groups_of(entry.inline or blob, entry.version, entry.seq, entry.count)``.
+Everything read is untrusted: parse it, never unpickle it. See docs/protocol.md.
 """
 
 from peer.protocol.errors import KeyFormatError, ProtocolVersionError, RecordError, RecordTooLarge
@@ -51,6 +52,7 @@ from peer.protocol.limits import (
     MAX_GROUP_BYTES,
     MAX_GROUP_SIZE,
     MAX_GROUPS_PER_ENTRY,
+    MAX_INLINE_BATCH_BYTES,
     MAX_INLINE_GROUP_BYTES,
     MAX_PROMPT_TOKENS,
     MAX_PROVIDERS,
@@ -84,6 +86,7 @@ from peer.protocol.records import (
     encode_tokens,
     fits_inline,
     from_dht_value,
+    groups_of,
     pack,
     peer_name_problem,
     split_batches,
@@ -102,6 +105,7 @@ __all__ = [
     "MAX_GROUP_BYTES",
     "MAX_GROUPS_PER_ENTRY",
     "MAX_GROUP_SIZE",
+    "MAX_INLINE_BATCH_BYTES",
     "MAX_INLINE_GROUP_BYTES",
     "MAX_PROMPT_TOKENS",
     "MAX_PROVIDERS",
@@ -145,6 +149,7 @@ __all__ = [
     "encode_floats",
     "encode_tokens",
     "fits_inline",
+    "groups_of",
     "from_dht_value",
     "group_subkey",
     "holders_key",

@@ -13,7 +13,8 @@ process through a non-blocking pipe, and a value over about 64 KB kills that pro
   field names take under 100 bytes; the rest is slack).
 * :data:`MAX_INLINE_GROUP_BYTES` — packed groups up to this size in all travel inline in their bucket entry; more
   are stored as a blob and the entry holds a pointer (sha256, size, providers). It is the DHT value budget
-  minus the entry overhead, so an inline entry always fits.
+  minus the entry overhead, so an inline entry always fits. The entry holds them packed as one batch
+  (:data:`MAX_INLINE_BATCH_BYTES`: the groups plus the batch's own ~30 bytes).
 * :data:`MAX_GROUP_BYTES` — the largest packed group at all (G, prompt and completion caps at their maximum come
   to about 540 KB); a group blob announced as larger is refused without fetching it.
 * :data:`MAX_GROUPS_PER_ENTRY` — groups one bucket entry carries (a rollout peer publishes a batch at a time: one
@@ -51,6 +52,7 @@ MAX_PROMPT_TOKENS = 2048
 MAX_COMPLETION_TOKENS = 1024
 BUCKET_ENTRY_OVERHEAD_BYTES = 1024
 MAX_INLINE_GROUP_BYTES = MAX_DHT_VALUE_BYTES - BUCKET_ENTRY_OVERHEAD_BYTES
+MAX_INLINE_BATCH_BYTES = MAX_INLINE_GROUP_BYTES + 64  # the packed GroupBatch around them adds ~30 bytes
 MAX_GROUP_BYTES = 1024 * 1024
 MAX_GROUPS_PER_ENTRY = 64
 MAX_GROUP_BATCH_BYTES = 4 * MAX_GROUP_BYTES

@@ -15,7 +15,8 @@ from typing import Any
 
 from peer.protocol.errors import ProtocolVersionError
 
-PROTOCOL_VERSION = 6  # 6: the holders keys and record (peers that serve an adapter version besides its learners)
+PROTOCOL_VERSION = 7  # 7: a bucket entry's inline groups are a packed GroupBatch (bytes), parsed by learners only
+# 6: the holders keys and record (peers that serve an adapter version besides its learners)
 # 5: a peer's name in its heartbeat; the credit key and record (credit per contributor)
 # 4: the learner's demand in its adapter announcements (rollout peers pace to it)
 # 3: the learners key and record (only admitted learners write the lineage)

@@ -141,8 +141,8 @@ def liar(out: Path, args):
         }
         if args.forge:
             victim = bytes.fromhex(args.forge)
-            forged = BucketEntry.of_group(make_group(str(dht.peer_id), 0, 0)).dict()
-            forged["inline"][0]["rewards"] = [1.0] * 8
+            lie = make_group(str(dht.peer_id), 0, 0)
+            forged = BucketEntry.of_group(lie.copy(update={"rewards": [1.0] * 8})).dict()
             # the subkey names the victim's key, but the signature can only be the liar's own (or none)
             results["forged"] = dht.store(bucket_key(RUN, 0), forged, expires, subkey=group_subkey(victim, 0, 0))
         write_json(out / f"{args.name}.json", results)

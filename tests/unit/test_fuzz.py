@@ -5,7 +5,8 @@ runs ten times as many with random seeds (and shrinks what fails).
 What is generated, and what must happen (counts of the default run; the lower bounds in ``MINIMUM`` are asserted):
 
 * **Validators** (``make_validators``), for each record stored in the DHT — manifest, heartbeat, adapter
-  announcement, bucket entry with inline groups, bucket entry with a blob pointer, metrics, access list: valid
+  announcement, bucket entry with inline groups (a packed batch: bytes to the DHT), bucket entry with a blob pointer,
+  metrics, access list: valid
   records within the documented bounds (lists up to their longest, numbers up to 2**63 - 1), signed as hivemind
   signs them, are accepted by the writer's and another peer's validator and read back equal by ``from_dht_value``
   and ``unpack``. Each is then broken every way, and every broken record is refused (``validate`` returns False and
@@ -44,7 +45,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from peer.protocol import RecordError, keys
-from peer.protocol.limits import BUCKET_RING, HOLDER_RING, MAX_DHT_VALUE_BYTES, MAX_INT
+from peer.protocol.limits import BUCKET_RING, HOLDER_RING, MAX_DHT_VALUE_BYTES, MAX_INLINE_BATCH_BYTES, MAX_INT
 from peer.protocol.records import (
     AccessRecord,
     AdapterRecord,
@@ -60,6 +61,7 @@ from peer.protocol.records import (
     encode_floats,
     encode_tokens,
     from_dht_value,
+    groups_of,
     pack,
     to_dht_value,
     unpack,
@@ -82,7 +84,15 @@ from tests.helpers.signing import KEY_A, KEY_B, PUB_A, PUB_B, RUN, composite, fo
 pytestmark = pytest.mark.timeout(600)
 
 EXPIRATION = 2e9
-EXAMPLES = {"validators": 40, "junk": 800, "readers": 600, "grafted": 400, "intake": 300, "groups": 300}
+EXAMPLES = {
+    "validators": 40,
+    "junk": 800,
+    "readers": 600,
+    "grafted": 400,
+    "batches": 40,
+    "intake": 300,
+    "groups": 300,
+}
 RECORD_MUTATIONS = (
     "wrong key",
     "unknown key",
@@ -102,6 +112,7 @@ MINIMUM = {  # records each test generates at least
     "junk": EXAMPLES["junk"],
     "readers": 2 * EXAMPLES["readers"],
     "grafted": EXAMPLES["grafted"],
+    "batches": EXAMPLES["batches"] * (len(rs.BATCH_BREAKS) + 3),
     "intake": 8 * EXAMPLES["intake"],
     "groups": EXAMPLES["groups"],
 }
@@ -409,6 +420,49 @@ def test_reader_and_validator_agree_on_records_with_a_part_replaced_by_junk():
     assert sum(tally.values()) >= MINIMUM["grafted"] and tally["refused"] > tally["accepted"] > 0
 
 
+def fuzz_batches(tally: Counter, config: settings) -> None:
+    """An inline entry whose groups are broken (``rs.BATCH_BREAKS``), or whose header names other groups, is stored
+    by the DHT (its groups are bytes there) and refused by ``groups_of``, the learner's read, with a RecordError."""
+    mine = composite(KEY_A)
+
+    @config
+    @given(st.data())
+    def run(data):
+        draw = data.draw
+        entry = draw(rs.INLINE.valid, label="entry")
+        header = (entry.version, entry.seq, entry.count)
+        assert groups_of(entry.inline, *header) == unpack(GroupBatch, entry.inline).groups
+        for label, brk in rs.BATCH_BREAKS.items():
+            batch = copy.deepcopy(unpack(GroupBatch, entry.inline).dict())
+            if not brk(batch, draw):
+                continue
+            broken = msgpack.packb(batch, use_bin_type=True)
+            value = {**to_dht_value(entry), "inline": broken}
+            if len(broken) <= MAX_INLINE_BATCH_BYTES:  # an entry a DHT node takes: it cannot tell
+                assert mine.validate(stored(mine, rs.INLINE.key(RUN, entry), rs.INLINE.subkey(PUB_A, entry), value))
+            with pytest.raises(RecordError):
+                groups_of(broken, *header)
+            tally[label] += 1
+        for i, name in enumerate(("version", "seq", "count")):  # the header names other groups than it holds
+            other = list(header)
+            other[i] = 1 + other[i] % 64 if name == "count" and entry.count < 64 else other[i] ^ 1
+            if tuple(other) == header:
+                other[i] -= 1
+            with pytest.raises(RecordError):
+                groups_of(entry.inline, *other)
+            tally[f"header {name}"] += 1
+
+    run()
+
+
+def test_a_broken_batch_of_groups_is_refused_by_its_reader():
+    tally = Counter()
+    fuzz_batches(tally, fuzz(EXAMPLES["batches"]))
+    assert sum(tally.values()) >= MINIMUM["batches"] - EXAMPLES["batches"] * 2  # one group: no gap, no mixed versions
+    never = {*rs.BATCH_BREAKS, "header version", "header seq", "header count"} - set(tally)
+    assert not never, f"never tried: {never}"
+
+
 # ---------------------------------------------------------------------------------------------------- intake
 
 
@@ -688,7 +742,7 @@ def test_the_default_run_generates_at_least_10000_records():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("what", ["validators", "junk", "readers", "grafted", "intake", "groups"])
+@pytest.mark.parametrize("what", ["validators", "junk", "readers", "grafted", "batches", "intake", "groups"])
 def test_randomized_fuzzing_ten_times_longer(what, request):
     tally = Counter()
     config = fuzz(10 * EXAMPLES[what], randomized=True)
@@ -699,5 +753,6 @@ def test_randomized_fuzzing_ten_times_longer(what, request):
         run = request.getfixturevalue("sampled")
         (fuzz_intake if what == "intake" else fuzz_groups)(run, tally, config)
     else:
-        {"junk": fuzz_junk, "readers": fuzz_readers, "grafted": fuzz_grafted}[what](tally, config)
+        fuzzers = {"junk": fuzz_junk, "readers": fuzz_readers, "grafted": fuzz_grafted, "batches": fuzz_batches}
+        fuzzers[what](tally, config)
     assert sum(tally.values()) >= 10 * EXAMPLES[what]

@@ -114,6 +114,22 @@ def test_a_long_run_of_another_lineages_groups_bans_a_short_one_is_forgiven(setu
     assert A in it.banned and "not in this lineage" in it.banned[A]
 
 
+def test_a_long_run_of_unreadable_entries_bans_a_short_one_is_forgiven(setup):
+    """An inline entry's groups are signed bytes that only learners parse: one that does not parse may be a blob
+    cut in transit, a flood of them is the signer's."""
+    from peer.roles.learner.intake import STRIKE_UPDATES
+
+    it = intake(setup)
+    limit = STRIKE_UPDATES * it.batch * (setup.spec.staleness.tau_max + 1)
+    for seq in range(limit):
+        assert it.add(Fetched(A, 0, 1000 + seq, None, "cut short"), 0).reason == "schema"
+    assert A not in it.banned
+    assert it.add(entry(A, setup.groups[A][1]), 0) is None, "a verified group wipes the slate"
+    for seq in range(limit + 1):
+        it.add(Fetched(A, 0, 5000 + seq, None, "not msgpack"), 0)
+    assert A in it.banned and "unreadable groups in a row" in it.banned[A]
+
+
 def test_groups_go_stale_in_the_pool(setup):
     it = intake(setup)
     for g in setup.groups[A][:4]:

@@ -2,7 +2,8 @@
 and nothing else changed.
 
 The layers: the run's DHT validators at store time (``make_validators``, as every peer runs them: a refused record
-is stored nowhere), the readers (``from_dht_value`` / ``unpack``: what a validator cannot see, and blobs), and a
+is stored nowhere), the readers (``from_dht_value`` / ``unpack``: what a validator cannot see, and blobs; a bucket
+entry's groups are bytes to the DHT, so every rule of a group is its reader's, ``groups_of``), and a
 learner's intake (``Intake.add``: what needs the run, its tokenizer and the signer's history; a refusal carries its
 reason, and bans the signer unless the reason is forgiven). "Nothing else changed" means: the validator still
 accepts a good record under the same key and subkey and did not remember the bad one; the intake's pool, seqs,
@@ -37,6 +38,7 @@ from peer.protocol.limits import (
     MAX_GROUP_BATCH_BYTES,
     MAX_GROUP_BYTES,
     MAX_GROUP_SIZE,
+    MAX_INLINE_BATCH_BYTES,
     MAX_INLINE_GROUP_BYTES,
 )
 from peer.protocol.records import (
@@ -52,6 +54,7 @@ from peer.protocol.records import (
     encode_tokens,
     fits_inline,
     from_dht_value,
+    groups_of,
     pack,
     to_dht_value,
     unpack,
@@ -103,6 +106,22 @@ def assert_refused_at_store(cls: type, key: str, subkey: bytes, bad: dict, good:
     assert from_dht_value(cls, good) is not None
 
 
+def assert_refused_by_the_reader(key: str, subkey: bytes, bad: dict) -> None:
+    """The entry ``bad`` is stored by every DHT node (its groups are bytes there) and refused by its reader: the
+    groups it holds break a rule of the protocol, or are not the ones its header names."""
+    mine, theirs = composite(KEY_A), composite(KEY_B)
+    entry = from_dht_value(BucketEntry, bad)
+    held = stored(mine, key, subkey, bad)
+    assert mine.validate(held) and theirs.validate(held), "a DHT node stores it: the groups are bytes there"
+    with pytest.raises(RecordError):
+        groups_of(entry.inline, entry.version, entry.seq, entry.count)
+
+
+def inline_groups(value: dict) -> list[dict]:
+    """The groups an inline entry's value holds, as the dicts they were packed from, unchecked."""
+    return msgpack.unpackb(value["inline"], raw=False)["groups"]
+
+
 def entry_value(group: GroupRecord) -> tuple[str, bytes, dict]:
     """Key, subkey (of PUB_A) and value of the bucket entry holding ``group`` inline."""
     return (
@@ -114,7 +133,8 @@ def entry_value(group: GroupRecord) -> tuple[str, bytes, dict]:
 
 def with_group(value: dict, **fields) -> dict:
     """An inline entry's value with fields of its (only) group replaced, unchecked."""
-    return {**value, "inline": [{**value["inline"][0], **fields}]}
+    batch = {"protocol_version": PROTOCOL_VERSION, "groups": [{**inline_groups(value)[0], **fields}]}
+    return {**value, "inline": msgpack.packb(batch, use_bin_type=True)}
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +225,10 @@ def test_wrong_schema_is_refused_at_store_time_and_by_the_reader(case):
         MetricsRecord: to_dht_value(make_metrics()),
     }
     good = good.get(cls, beat)
-    assert_refused_at_store(cls, bad_key, bad_subkey, value, good)
+    if cls is BucketEntry:  # a rule of the group inside: the DHT holds it as bytes, its reader refuses it
+        assert_refused_by_the_reader(bad_key, bad_subkey, value)
+    else:
+        assert_refused_at_store(cls, bad_key, bad_subkey, value, good)
 
 
 def test_json_nested_too_deeply_is_refused_not_raised():
@@ -261,7 +284,7 @@ def test_wrong_schema_for_its_key_is_refused_at_store_time(case):
     }[case]
     mine, theirs = composite(KEY_A), composite(KEY_B)
     good = stored(mine, key, subkey, value)
-    assert mine.validate(good) and from_dht_value(BucketEntry, value).inline == [group]
+    assert mine.validate(good) and groups_of(from_dht_value(BucketEntry, value).inline, 5, 2, 1) == [group]
     before = remembered(mine)
     refused = stored(mine, bad_key, bad_subkey, value)
     assert mine.validate(refused) is False and theirs.validate(refused) is False
@@ -300,7 +323,7 @@ def test_oversize_record_raises_before_anything_reaches_hivemind():
     dht = mock.Mock()
     with pytest.raises(RecordTooLarge, match="GroupRecord record is"):
         dht.store(keys.bucket_key(RUN, big.version), to_dht_value(big), expiration_time=EXPIRATION)
-    with pytest.raises(pydantic.ValidationError, match="publish them as a blob"):
+    with pytest.raises(ValueError, match="publish them as a blob"):
         BucketEntry.of_group(big)
     swarm = SimpleNamespace(run_id=RUN, public_key=PUB_A, peer_id=ih.PEER_ID, store_many=mock.Mock())
     with pytest.raises(UserError, match="no blob service"):
@@ -338,7 +361,8 @@ def test_oversize_group_batch_goes_as_a_blob_pointer():
     }
     assert sorted(entries) == [0, 10, 11], "the small groups share an entry, each big one has its own"
     assert searches == {True}, "bucket entries are stored with the narrow search"
-    assert entries[0].inline == small and entries[0].pointer is None, "small groups still travel inline"
+    assert entries[0].pointer is None, "small groups still travel inline"
+    assert groups_of(entries[0].inline, 5, 0, 2) == small
     for seq, group in zip((10, 11), big, strict=True):
         pointed = entries[seq]
         assert pointed.inline is None and (pointed.count, pointed.pointer.kind) == (1, "group")
@@ -361,7 +385,8 @@ def test_oversize_raw_value_under_a_run_key_is_refused_by_the_validator(case):
         cls, (key, subkey, good) = BucketEntry, entry_value(make_group())
         big = big_group().dict()
         bad = with_group(good, completions=big["completions"], rewards=big["rewards"])
-        assert sum(len(msgpack.packb(g, use_bin_type=True)) for g in bad["inline"]) > MAX_INLINE_GROUP_BYTES
+        assert sum(len(msgpack.packb(g, use_bin_type=True)) for g in inline_groups(bad)) > MAX_INLINE_GROUP_BYTES
+        assert len(bad["inline"]) > MAX_INLINE_BATCH_BYTES
     assert len(MSGPackSerializer.dumps(bad)) > MAX_DHT_VALUE_BYTES
     assert_refused_at_store(cls, key, subkey, bad, good)
 
@@ -382,15 +407,15 @@ def test_oversize_blob_is_refused_before_it_is_decoded():
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 0.5], ids=["nan", "inf", "-inf", "positive"])
-def test_nan_or_inf_logprobs_are_refused_at_store_time_by_the_reader_and_the_writer(bad):
+def test_nan_or_inf_logprobs_are_refused_by_the_reader_and_the_writer(bad):
     with pytest.raises(pydantic.ValidationError, match="finite and <= 0"):
         Completion.of([1, 2, 3], [-0.5, bad, -0.5])
     key, subkey, good = entry_value(make_group())
     completion = {"token_ids": encode_tokens([1, 2, 3]), "logprobs": encode_floats([-0.5, bad, -0.5])}
-    value = with_group(good, completions=[completion, good["inline"][0]["completions"][1]])
-    assert_refused_at_store(BucketEntry, key, subkey, value, good)
+    value = with_group(good, completions=[completion, inline_groups(good)[0]["completions"][1]])
+    assert_refused_by_the_reader(key, subkey, value)
     with pytest.raises(RecordError):
-        unpack(GroupRecord, msgpack.packb(value["inline"][0], use_bin_type=True))
+        unpack(GroupRecord, msgpack.packb(inline_groups(value)[0], use_bin_type=True))
 
 
 # ---------------------------------------------------------------------------------------------------- vocabulary
@@ -431,9 +456,9 @@ def test_token_ids_outside_uint32_cannot_be_written():
         "entry count differs from its groups",
     ],
 )
-def test_length_mismatch_is_refused_at_store_time_and_by_the_reader(case):
+def test_length_mismatch_is_refused_by_the_reader(case):
     key, subkey, good = entry_value(make_group())
-    c0, c1 = good["inline"][0]["completions"]  # 3 and 2 tokens
+    c0, c1 = inline_groups(good)[0]["completions"]  # 3 and 2 tokens
     edit = {
         "fewer log-probs than tokens": {"completions": [{**c0, "logprobs": encode_floats([-0.5] * 2)}, c1]},
         "more log-probs than tokens": {"completions": [{**c0, "logprobs": encode_floats([-0.5] * 4)}, c1]},
@@ -443,7 +468,7 @@ def test_length_mismatch_is_refused_at_store_time_and_by_the_reader(case):
         "ragged log-prob bytes": {"completions": [{**c0, "logprobs": c0["logprobs"] + b"\x00"}, c1]},
     }
     value = {**good, "count": 2} if case == "entry count differs from its groups" else with_group(good, **edit[case])
-    assert_refused_at_store(BucketEntry, key, subkey, value, good)
+    assert_refused_by_the_reader(key, subkey, value)
 
 
 def test_length_mismatch_with_the_run_a_completion_over_max_new_tokens_is_refused_and_bans(sampled):
@@ -460,11 +485,11 @@ def test_length_mismatch_with_the_run_a_completion_over_max_new_tokens_is_refuse
 
 
 @pytest.mark.parametrize("size", [1, MAX_GROUP_SIZE + 1])
-def test_wrong_group_size_outside_the_protocol_is_refused_at_store_time_and_by_the_reader(size):
+def test_wrong_group_size_outside_the_protocol_is_refused_by_the_reader(size):
     key, subkey, good = entry_value(make_group())
-    completions = (good["inline"][0]["completions"] * MAX_GROUP_SIZE)[:size]
+    completions = (inline_groups(good)[0]["completions"] * MAX_GROUP_SIZE)[:size]
     value = with_group(good, completions=completions, rewards=[0.0] * size)
-    assert_refused_at_store(BucketEntry, key, subkey, value, good)
+    assert_refused_by_the_reader(key, subkey, value)
 
 
 @pytest.mark.parametrize("delta", [-1, +1])

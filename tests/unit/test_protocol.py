@@ -30,6 +30,7 @@ from peer.protocol.limits import (
 )
 from peer.protocol.records import (
     BucketEntry,
+    GroupBatch,
     GroupRecord,
     ModelFile,
     ModelSpec,
@@ -41,6 +42,7 @@ from peer.protocol.records import (
     encode_tokens,
     fits_inline,
     from_dht_value,
+    groups_of,
     pack,
     to_dht_value,
     unpack,
@@ -265,7 +267,7 @@ BAD = {
     "newer protocol": (G, _set("protocol_version", PROTOCOL_VERSION + 1)),
     "older protocol": (G, _set("protocol_version", PROTOCOL_VERSION - 1)),
     "float protocol": (G, _set("protocol_version", float(PROTOCOL_VERSION))),
-    "newer protocol inside entry": (lambda: BucketEntry.of_group(G()), _set("inline.0.protocol_version", 99)),
+    "newer protocol inside a batch": (lambda: GroupBatch(groups=[G()]), _set("groups.0.protocol_version", 99)),
     # sizes
     "prompt too long": (G, _set("prompt_ids", encode_tokens([1] * (MAX_PROMPT_TOKENS + 1)))),
     "empty prompt": (G, _set("prompt_ids", b"")),
@@ -339,8 +341,8 @@ BAD = {
     "own parent": (make_adapter, _set("parent_sha256", SHA_A)),
     "entry with both": (lambda: BucketEntry.of_group(G()), _set("pointer", make_pointer().dict())),
     "entry with neither": (lambda: BucketEntry.of_group(G()), _set("inline", None)),
-    "entry version differs": (lambda: BucketEntry.of_group(G()), _set("version", 6)),
-    "entry seq differs": (lambda: BucketEntry.of_group(G()), _set("seq", 3)),
+    "entry's groups as a list": (lambda: BucketEntry.of_group(G()), _set("inline", [G().dict()])),
+    "batch seqs not consecutive": (lambda: GroupBatch(groups=[G(seq=2), G(seq=3)]), _set("groups.1.seq", 4)),
     "entry points to adapter": (lambda: BucketEntry.of_pointer(make_pointer(), 1, 1), _set("pointer.kind", "adapter")),
     "exact match over 1": (make_metrics, _set("exact_match", 1.5)),
     "negative count": (make_metrics, _set("groups_accepted", -1)),
@@ -424,9 +426,22 @@ def test_an_oversized_record_never_reaches_the_dht():
         dht.store(keys.bucket_key("r", big.version), to_dht_value(big), expiration_time=time.time() + 60)
     dht.store.assert_not_called()
     assert not fits_inline(big)
-    with pytest.raises(pydantic.ValidationError, match="publish them as a blob"):
+    with pytest.raises(ValueError, match="publish them as a blob"):
         BucketEntry.of_group(big)
     assert len(pack(BucketEntry.of_pointer(make_pointer(size=len(pack(big))), big.version, big.seq))) < 1024
+
+
+def test_an_entry_holds_its_groups_as_bytes_that_only_groups_of_parses_and_checks_against_its_header():
+    groups = [make_group(version=5, seq=2), make_group(version=5, seq=3)]
+    entry = BucketEntry.of_groups(groups)
+    assert isinstance(entry.inline, bytes) and (entry.version, entry.seq, entry.count) == (5, 2, 2)
+    assert groups_of(entry.inline, 5, 2, 2) == groups
+    for header in ((6, 2, 2), (5, 3, 2), (5, 2, 1), (5, 2, 3)):
+        with pytest.raises(RecordError, match="their entry says"):
+            groups_of(entry.inline, *header)
+    for junk in (b"\x00", pack(groups[0]), entry.inline[:-1]):
+        with pytest.raises(RecordError):
+            groups_of(junk, 5, 2, 2)
 
 
 def test_the_inline_limit_is_exact_and_an_inline_entry_always_fits():

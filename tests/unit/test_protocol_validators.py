@@ -16,7 +16,7 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from peer.protocol import keys
 from peer.protocol.limits import BUCKET_RING
-from peer.protocol.records import BucketEntry, MetricsRecord, PeerRecord, from_dht_value, to_dht_value
+from peer.protocol.records import BucketEntry, MetricsRecord, PeerRecord, from_dht_value, groups_of, to_dht_value
 from peer.protocol.validators import GroupSubkey, OwnerSubkey, RunSchema, make_validators
 from peer.protocol.version import PROTOCOL_VERSION
 from tests.helpers.records import make_group, make_heartbeat, make_metrics
@@ -237,7 +237,8 @@ def test_a_peer_stores_its_own_signed_records_and_the_other_reads_them(swarm):
     assert from_dht_value(PeerRecord, seen[0]) == beat
     seen = wait_until(lambda: entries(b, keys.bucket_key(RUN, 3 + BUCKET_RING)).get(subkey), "A's group on B", 15)
     parsed = from_dht_value(BucketEntry, seen[0])
-    assert parsed == entry and parsed.inline[0].completions[1].behaviour_logprobs() == [-1.25, -1.25]
+    group = groups_of(parsed.inline, 3, 1, 1)[0]
+    assert parsed == entry and group.completions[1].behaviour_logprobs() == [-1.25, -1.25]
 
 
 def test_a_bad_record_is_refused_and_never_visible(swarm):

@@ -4,7 +4,10 @@ Pure logic over :class:`~peer.network.buckets.Fetched` entries (no model, no net
 with an in-memory bucket store. For each entry, in order:
 
 1. a signer already **banned** is ignored (counted, never looked at again);
-2. an entry that did not parse is refused as ``schema`` (not banned: a blob may have been cut in transit);
+2. an entry that did not parse is refused as ``schema`` (not banned: a blob may have been cut in transit), until
+   a signer has more of them in a row than the strike limit below (an inline entry's groups are signed bytes
+   that only learners parse, ``peer.protocol.groups_of``: a signer flooding unreadable ones is banned, not
+   parsed forever);
 3. a ``seq`` the signer already used under another adapter version is a **replay**: refused, signer banned; the
    same entry read twice (same version and seq, e.g. again after a restart) is a ``duplicate``, refused and
    forgiven: it is never used twice. The seqs of versions that left the window are forgotten, keeping only the
@@ -70,7 +73,7 @@ from peer.run.spec import RunSpec
 
 FORGIVEN = ("schema", "duplicate", "unknown_version", "lineage", "surplus")
 """Refusal reasons that do not ban the signer."""
-STRIKES = ("unknown_version", "lineage")
+STRIKES = ("unknown_version", "lineage", "schema")
 """Forgiven reasons that still count towards a ban when they come in a long run from one signer."""
 STRIKE_UPDATES = 4  # such refusals in a row that ban: this many times groups_per_version x (tau_max + 1)
 BURST = 0.5  # the share of its cap a signer may give beyond it in one update, paid back in the next ones
@@ -357,7 +360,8 @@ class Intake:
             self.strikes[owner] += 1
             limit = STRIKE_UPDATES * self.batch * (self.spec.staleness.tau_max + 1)
             if self.strikes[owner] > limit:
-                self.ban(owner, f"{self.strikes[owner]} groups in a row of versions not in this lineage ({refused})")
+                what = "unreadable groups" if refused.reason == "schema" else "groups of versions not in this lineage"
+                self.ban(owner, f"{self.strikes[owner]} {what} in a row ({refused})")
         return refused
 
     def _admit(self, accepted: Accepted) -> None:

@@ -8,6 +8,7 @@ blocks they share are in :mod:`~tests.helpers.strategies.common`.
 * ``VALUE_MUTATIONS``: edits of a record's value (the dict ``to_dht_value`` makes), each one known to make it
   invalid: a missing or extra field, a wrong type, a non-finite number, another protocol version;
   :func:`mutated_value` adds a value over the DHT size limit, :func:`out_of_range` each of a kind's range rules.
+* ``BATCH_BREAKS``: edits of a packed batch of groups (an inline entry's bytes) that only its reader refuses.
 * ``junk``: arbitrary msgpack-able values, as hivemind's serializer carries them (tuples included).
 
 Lists are drawn with :func:`~tests.helpers.strategies.common.sized`: any length in their range, bounds included,
@@ -31,7 +32,7 @@ from tests.helpers.strategies.common import (
 )
 from tests.helpers.strategies.credit import CREDIT
 from tests.helpers.strategies.edits import VALUE_MUTATIONS, mutated_value, out_of_range
-from tests.helpers.strategies.entry import INLINE, POINTER
+from tests.helpers.strategies.entry import BATCH_BREAKS, INLINE, POINTER
 from tests.helpers.strategies.heartbeat import HEARTBEAT
 from tests.helpers.strategies.holder import HOLDER
 from tests.helpers.strategies.junk import junk, near_records
@@ -41,6 +42,8 @@ from tests.helpers.strategies.metrics import METRICS
 KINDS = {kind.name: kind for kind in (MANIFEST, HEARTBEAT, ADAPTER, INLINE, POINTER, METRICS, ACCESS, CREDIT, HOLDER)}
 
 __all__ = [
+    "BATCH_BREAKS",
+    "INLINE",
     "KINDS",
     "VALUE_MUTATIONS",
     "Kind",

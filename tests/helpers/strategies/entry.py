@@ -1,4 +1,5 @@
-"""Bucket entries: groups inline, or a pointer to a blob of them."""
+"""Bucket entries: groups inline (a packed GroupBatch), or a pointer to a blob of them; and the ways a batch of groups
+can be broken, which only its reader (``groups_of``) can tell, as the DHT stores a batch as bytes."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from peer.protocol import keys
 from peer.protocol.limits import (
     MAX_BLOB_BYTES,
     MAX_COMPLETION_TOKENS,
+    MAX_DHT_VALUE_BYTES,
     MAX_GROUP_BATCH_BYTES,
     MAX_GROUP_SIZE,
     MAX_GROUPS_PER_ENTRY,
+    MAX_INLINE_BATCH_BYTES,
     MAX_INT,
     MAX_PROMPT_TOKENS,
     MAX_PROVIDERS,
@@ -179,34 +182,17 @@ def _both_payloads(d, draw):
 
 
 def _seq_gap(d, draw):
-    if len(d["inline"]) < 2:
+    if len(d["groups"]) < 2:
         return False
-    d["inline"][-1]["seq"] += draw(st.integers(1, 5))
+    d["groups"][-1]["seq"] += draw(st.integers(1, 5))
     return True
 
 
 def _mixed_versions(d, draw):
-    if len(d["inline"]) < 2:
+    if len(d["groups"]) < 2:
         return False
-    d["inline"][-1]["version"] = d["inline"][-1]["version"] ^ draw(st.integers(1, 2**20))
+    d["groups"][-1]["version"] = d["groups"][-1]["version"] ^ draw(st.integers(1, 2**20))
     return True
-
-
-def _header(name: str) -> Callable:
-    def mutate(d, draw):
-        d[name] = draw(st.integers(0, MAX_INT).filter(lambda v: v != d[name]))
-        if name == "count":
-            d[name] = 1 + d[name] % MAX_GROUPS_PER_ENTRY
-            return d[name] != len(d["inline"])
-        return True
-
-    return mutate
-
-
-def _inline_over_limit(d, draw):
-    first = d["inline"][0]
-    big = Completion.of([1] * MAX_COMPLETION_TOKENS, [-1.0] * MAX_COMPLETION_TOKENS).dict()
-    d.update(inline=[{**first, "completions": [big] * 8, "rewards": [0.0] * 8}], count=1, seq=first["seq"])
 
 
 INLINE = Kind(
@@ -215,18 +201,27 @@ INLINE = Kind(
     valid=inline_entries(),
     **_BUCKET,
     out_of_range={
-        "count": _header("count"),
-        "entry version": _header("version"),
-        "entry seq": _header("seq"),
-        "no groups": set_at(("inline",), fixed([])),
-        "seqs not consecutive": _seq_gap,
-        "versions differ": _mixed_versions,
+        "count": set_at(("count",), lambda _: st.integers(-(2**63), 0) | st.integers(MAX_GROUPS_PER_ENTRY + 1, 2**63)),
+        "no groups": set_at(("inline",), fixed(b"")),
+        "inline over its limit": set_at(("inline",), fixed(b"\0" * (MAX_INLINE_BATCH_BYTES + 1))),
+        "groups as a list": set_at(("inline",), fixed([])),
         "inline and pointer": _both_payloads,
         "neither payload": set_at(("inline",), fixed(None)),
-        **_group_fields(("inline", 0)),
     },
-    oversize=lambda d, draw: _inline_over_limit(d, draw),
+    oversize=lambda d, draw: d.update(inline=b"\0" * (MAX_DHT_VALUE_BYTES + 1)),
 )
+
+BATCH_BREAKS: dict[str, Callable] = {
+    # label -> mutate(batch_dict, draw), in place; False where the batch cannot take it (one group: no seq gap)
+    "seqs not consecutive": _seq_gap,
+    "versions differ": _mixed_versions,
+    "no groups": set_at(("groups",), fixed([])),
+    "too many groups": lambda d, draw: d.update(groups=d["groups"][:1] * (MAX_GROUPS_PER_ENTRY + 1)) or True,
+    "newer protocol inside": set_at(("groups", "*", "protocol_version"), lambda old: st.just(old + 1)),
+    **_group_fields(("groups", 0)),
+}
+"""What a batch of groups must not be: ``groups_of`` refuses every one (a DHT node, which stores the batch as
+bytes, cannot tell)."""
 
 POINTER = Kind(
     name="entry (pointer)",
@@ -235,7 +230,7 @@ POINTER = Kind(
     **_BUCKET,
     out_of_range={
         "count": set_at(("count",), lambda _: st.integers(-(2**63), 0) | st.integers(MAX_GROUPS_PER_ENTRY + 1, 2**63)),
-        "inline and pointer": lambda d, draw: d.update(inline=[]) or True,
+        "inline and pointer": lambda d, draw: d.update(inline=b"\x91") or True,
         "neither payload": set_at(("pointer",), fixed(None)),
         "pointer kind": set_at(("pointer", "kind"), lambda _: st.sampled_from(["adapter", "model-file", "Group", ""])),
         "pointer sha256": set_at(("pointer", "sha256"), bad_hex),
