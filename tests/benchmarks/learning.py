@@ -26,7 +26,11 @@ minute and the first time an evaluation reached ``--target``:
   through ``generate()``. TRL casts LoRA weights to bf16 on a quantized base; here they are cast back
   to float32 before the optimizer exists, as the other two train them.
 
-EM at t is the newest evaluation made by t + ``--eval-every``/2 seconds on that system's clock. TRL is an optional
+EM at t is the newest evaluation made by t + ``--eval-every``/2 seconds on that system's clock. ``--rounds N`` runs the
+systems N times, in alternating order (round 2 runs them in reverse), each round in ``KEEP/round-K``, and reports
+each ratio by round, its median (a system that never reached the target counts as the slowest), how many rounds
+met the goal, and each system's mean EM at every checkpoint: the first time an evaluation crosses 0.80 moves a lot
+with evaluation noise (the reference's alone has ranged 60-135 s), exact match at fixed times less. TRL is an optional
 dependency (``pip install -e ".[bench]"``); without it the other systems still run::
 
     python -m tests.benchmarks.learning --duration 300 --eval-every 15 --eval-n 500 --out learning.json
