@@ -63,13 +63,16 @@ GroupId = tuple[bytes, int, int]  # (owner public key, version, seq)
 
 @dataclass(frozen=True)
 class Fetched:
-    """One bucket entry as read: the group, or why it was refused (``group`` is None then)."""
+    """One bucket entry as read: the group, or why it was refused (``group`` is None then). ``unavailable``: its
+    groups are a blob this reader could not fetch (the producer did not answer, or not in time), not bytes that
+    failed to parse: no proof against the signer."""
 
     owner: bytes
     version: int
     seq: int
     group: GroupRecord | None
     error: str | None = None
+    unavailable: bool = False
 
     @property
     def id(self) -> GroupId:
@@ -109,7 +112,7 @@ class BucketStore(abc.ABC):
         network_from: int | None = None,
     ) -> list[Fetched]:
         """Entries of versions ``min_version..max_version`` (inclusive) whose id is not in ``seen``, and not signed
-        by a key in ``skip`` (banned signers: their entries are neither parsed nor fetched). Versions below
+        by a key in ``skip`` (banned or muted signers: their entries are neither parsed nor fetched). Versions below
         ``network_from`` are read from what was pushed to this reader alone (a store without such a copy: not
         read). ``wait``: a store that :attr:`waits` answers once something new arrived there, or after that long."""
 
@@ -273,8 +276,8 @@ class DHTBucketStore(BucketStore):
                     owner, v, seq = parse_group_subkey(subkey)
                 except (RecordError, UserError, ValueError):
                     continue  # the validators refuse such subkeys; nothing to attribute it to
-                if v != version or owner in skip:  # another version sharing this ring slot; a banned signer (the
-                    # intake's bans are for good): never this reader's, so not even sent through the pipe again
+                if v != version or owner in skip:  # another version sharing this ring slot; a banned or muted
+                    # signer (an entry written while muted is never read): not even sent through the pipe again
                     self._read_out.setdefault(version, set()).add(subkey_tag(subkey))
                     continue
                 count = _count_of(item.value)
@@ -290,14 +293,17 @@ class DHTBucketStore(BucketStore):
         return out
 
     MAX_INFLIGHT_PER_WORKER = 4
+    MAX_INFLIGHT_PER_OWNER = 4  # one signer's blobs in flight at most: a stranger's unanswered ones hold a quarter
 
     def _submit(self, owner: bytes, version: int, seq: int, value) -> None:
-        """Fetch a pointer entry's blob on a worker (once; at most ``MAX_INFLIGHT_PER_WORKER`` per worker queued:
-        beyond, the entry is left for a later read)."""
+        """Fetch a pointer entry's blob on a worker (once; at most ``MAX_INFLIGHT_PER_WORKER`` per worker queued,
+        and ``MAX_INFLIGHT_PER_OWNER`` of one signer's: beyond, the entry is left for a later read)."""
         from concurrent.futures import ThreadPoolExecutor
 
         key = (owner, version, seq)
         if key in self._inflight or len(self._inflight) >= self.MAX_INFLIGHT_PER_WORKER * self.fetch_workers:
+            return
+        if sum(o == owner for o, _, _ in self._inflight) >= self.MAX_INFLIGHT_PER_OWNER:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.fetch_workers, thread_name_prefix="group-blob")
@@ -313,7 +319,7 @@ class DHTBucketStore(BucketStore):
             try:
                 out.extend(f for f in future.result() if f.id not in seen)
             except Exception as e:  # noqa: BLE001 - the network boundary: refuse the entry's groups, say why
-                out.extend(f for f in _refused(*key, 1, f"group blob unreadable: {e}") if f.id not in seen)
+                out.extend(f for f in _refused(*key, 1, f"group blob unavailable: {e}", True) if f.id not in seen)
         return out
 
     def close(self) -> None:
@@ -379,7 +385,7 @@ class DHTBucketStore(BucketStore):
             data = entry.inline
         elif self.blobs is None:
             return _refused(
-                owner, version, seq, entry.count, "the groups are a blob and this reader has no blob service"
+                owner, version, seq, entry.count, "the groups are a blob and this reader has no blob service", True
             )
         else:
             from hivemind.p2p import PeerID
@@ -389,7 +395,7 @@ class DHTBucketStore(BucketStore):
                 providers = [PeerID.from_base58(p) for p in pointer.providers]
                 path = self.blobs.fetch(pointer.sha256, pointer.size, providers, timeout=self.fetch_timeout)
             except (UserError, ValueError) as e:
-                return _refused(owner, version, seq, entry.count, f"group blob unavailable: {e}")
+                return _refused(owner, version, seq, entry.count, f"group blob unavailable: {e}", True)
             try:
                 data = path.read_bytes()
             finally:
@@ -421,8 +427,8 @@ def _count_of(value) -> int:
     )
 
 
-def _refused(owner: bytes, version: int, seq: int, count: int, error: str) -> list[Fetched]:
-    return [Fetched(owner, version, seq + i, None, error) for i in range(count)]
+def _refused(owner: bytes, version: int, seq: int, count: int, error: str, unavailable: bool = False) -> list[Fetched]:
+    return [Fetched(owner, version, seq + i, None, error, unavailable) for i in range(count)]
 
 
 def _parse_packed(owner: bytes, version: int, seq: int, data: bytes) -> Fetched:

@@ -22,9 +22,10 @@ B = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/intake-b=="
 M = b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7+/intake-m=="
 SHA0, SHA1 = adapter_sha(0), adapter_sha(1)
 GROUPS_PER_SIGNER = {A: 12, B: 8, M: 12}
-FORGIVEN_BY_DESIGN = frozenset({"schema", "duplicate", "unknown_version", "lineage"})
-"""Refusals that must not ban the signer (peer/roles/learner/intake.py): a cut blob, an entry read twice, a version
-from before a restart or of a learner that lost the lead. Every other refusal of ``check_group`` or a replay bans."""
+FORGIVEN_BY_DESIGN = frozenset({"schema", "unavailable", "duplicate", "unknown_version", "lineage"})
+"""Refusals that must not ban the signer (peer/roles/learner/intake.py): a cut blob, a blob not delivered, an entry
+read twice, a version from before a restart or of a learner that lost the lead. Every other refusal of
+``check_group`` or a replay bans."""
 
 
 def sample_scored(model, tokenizer, spec, owner: bytes, seqs, seed: int, device=None):

@@ -130,6 +130,44 @@ def test_a_long_run_of_unreadable_entries_bans_a_short_one_is_forgiven(setup):
     assert A in it.banned and "unreadable groups in a row" in it.banned[A]
 
 
+def test_a_blob_that_could_not_be_fetched_mutes_its_signer_for_a_while_and_never_bans(setup):
+    """A producer whose blobs do not arrive (behind a firewall, gone, or a stranger naming providers that never
+    serve) proves nothing, but each such blob holds a fetch worker until its deadline: its signer is muted (its
+    entries not read), twice as long each time with no verified group between, and a verified group clears it."""
+    from peer.roles.learner.intake import MUTE_FIRST, MUTE_MOST, STRIKE_UPDATES
+
+    now = [100.0]
+    it = intake(setup)
+    it.clock = lambda: now[0]
+    limit = STRIKE_UPDATES * it.batch * (setup.spec.staleness.tau_max + 1)
+
+    def unavailable(seq):
+        return it.add(Fetched(A, 0, seq, None, "group blob unavailable: no provider answered", True), 0)
+
+    assert A not in it.skipped and B not in it.skipped
+    refused = unavailable(1000)
+    assert refused.reason == "unavailable" and "no provider answered" in refused
+    assert A in it.skipped and B not in it.skipped, "muted: the reader skips A's entries, and only A's"
+    assert unavailable(1001).reason == "unavailable", "in flight when the mute began: refused, the mute unchanged"
+    assert it.muted[A] == (100.0 + MUTE_FIRST, MUTE_FIRST) and it.counts["muted"] == 1
+    now[0] += MUTE_FIRST
+    assert A not in it.skipped, "the mute ended"
+    lasted = []
+    for seq in range(limit + 1):  # more than a ban's worth of strikes: never banned, muted longer and longer
+        unavailable(2000 + seq)
+        lasted.append(it.muted[A][1])
+        now[0] = it.muted[A][0]
+    assert A not in it.banned and not it.strikes[A]
+    assert lasted[:4] == [2 * MUTE_FIRST, 4 * MUTE_FIRST, 8 * MUTE_FIRST, 16 * MUTE_FIRST] and lasted[-1] == MUTE_MOST
+    assert it.rejected == {"unavailable": limit + 3}
+    assert it.add(entry(A, setup.groups[A][1]), 0) is None, "a verified group clears the mute"
+    assert A not in it.muted and A not in it.skipped
+    unavailable(9000)
+    assert it.muted[A][1] == MUTE_FIRST, "and starts the doubling again"
+    it.ban(A, "reward: lied")
+    assert A in it.skipped and A not in it.muted, "a ban is for good"
+
+
 def test_groups_go_stale_in_the_pool(setup):
     it = intake(setup)
     for g in setup.groups[A][:4]:

@@ -375,6 +375,83 @@ def test_oversize_group_batch_goes_as_a_blob_pointer():
         assert validator.validate(stored(validator, key, subkey, value)), "every peer accepts what was published"
 
 
+def pointer_entries(seqs) -> tuple[list[tuple[int, int, dict]], BlobCache]:
+    """``(version, seq, value)`` of bucket entries, one big group each, and the fake cache of A that holds them."""
+    stores, cache = [], BlobCache()
+    swarm = SimpleNamespace(
+        run_id=RUN,
+        public_key=PUB_A,
+        peer_id=ih.PEER_ID,
+        store_many=lambda items, *a, **k: stores.extend(items) or [True] * len(items),
+    )
+    DHTBucketStore(swarm, SimpleNamespace(cache=cache)).publish_many(
+        [big_group().copy(update={"seq": s}) for s in seqs]
+    )
+    return [(*keys.parse_group_subkey(subkey)[1:], value) for _, subkey, value, _ in stores], cache
+
+
+def test_a_blob_that_cannot_be_fetched_is_unavailable_and_one_that_does_not_parse_is_unreadable(tmp_path):
+    """Not delivered proves nothing against the signer (the intake mutes it for a while); delivered bytes that are
+    not its groups are the signer's (``schema``, which strikes)."""
+    [(version, seq, value)], _ = pointer_entries([10])
+    swarm = SimpleNamespace(run_id=RUN)
+
+    def unanswered(sha256, size, providers, timeout):
+        raise UserError(f"no provider of blob {sha256[:8]} answered in {timeout:g} s")
+
+    blobs = SimpleNamespace(fetch=unanswered, cache=SimpleNamespace(remove=lambda sha: None))
+    out = DHTBucketStore(swarm, blobs, fetch_timeout=3)._read(PUB_A, version, seq, value)
+    assert [(f.seq, f.group, f.unavailable) for f in out] == [(10, None, True)]
+    assert "group blob unavailable: no provider of blob" in out[0].error
+    out = DHTBucketStore(swarm, None)._read(PUB_A, version, seq, value)
+    assert out[0].unavailable and "no blob service" in out[0].error, "this reader's own lack, not the signer's"
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\x93not a batch")
+    blobs = SimpleNamespace(fetch=lambda *a, **k: junk, cache=SimpleNamespace(remove=lambda sha: None))
+    out = DHTBucketStore(swarm, blobs)._read(PUB_A, version, seq, value)
+    assert [(f.group, f.unavailable) for f in out] == [(None, False)] and out[0].error
+
+
+def test_one_signers_blobs_hold_at_most_a_quarter_of_the_fetch_workers():
+    import threading
+
+    entries, _ = pointer_entries(range(10, 17))
+    release = threading.Event()
+
+    def slow(sha256, size, providers, timeout):
+        release.wait(10)
+        raise UserError("no provider answered")
+
+    swarm = SimpleNamespace(run_id=RUN)
+    blobs = SimpleNamespace(fetch=slow, cache=SimpleNamespace(remove=lambda sha: None))
+    reader = DHTBucketStore(swarm, blobs, fetch_workers=2)
+    try:
+        for version, seq, value in entries[:6]:
+            reader._submit(PUB_A, version, seq, value)
+        assert (
+            len(reader._inflight) == DHTBucketStore.MAX_INFLIGHT_PER_OWNER < 2 * DHTBucketStore.MAX_INFLIGHT_PER_WORKER
+        )
+        version, seq, value = entries[6]
+        reader._submit(PUB_B, version, seq, value)
+        assert len(reader._inflight) == DHTBucketStore.MAX_INFLIGHT_PER_OWNER + 1, "another signer's blob still goes"
+        release.set()
+        deadline = time.monotonic() + 10
+        while not all(f.done() for f in reader._inflight.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        out = reader._arrived(set())
+    finally:
+        release.set()
+        reader.close()
+    assert not reader._inflight
+    assert sorted((f.owner == PUB_B, f.seq, f.unavailable) for f in out) == [
+        (False, 10, True),
+        (False, 11, True),
+        (False, 12, True),
+        (False, 13, True),
+        (True, 16, True),
+    ], "each fetched blob that failed is refused as unavailable; the two left over wait for a later read"
+
+
 @pytest.mark.parametrize("case", ["inline groups over the inline limit", "heartbeat over the DHT limit"])
 def test_oversize_raw_value_under_a_run_key_is_refused_by_the_validator(case):
     if case == "heartbeat over the DHT limit":

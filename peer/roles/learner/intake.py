@@ -7,7 +7,11 @@ with an in-memory bucket store. For each entry, in order:
 2. an entry that did not parse is refused as ``schema`` (not banned: a blob may have been cut in transit), until
    a signer has more of them in a row than the strike limit below (an inline entry's groups are signed bytes
    that only learners parse, ``peer.protocol.groups_of``: a signer flooding unreadable ones is banned, not
-   parsed forever);
+   parsed forever). A blob that could not be fetched (its producer did not answer in time: behind a firewall,
+   gone, or a stranger naming providers that never serve) proves nothing against the signer: it is refused as
+   ``unavailable``, never strikes and never bans; but each costs a fetch worker a timeout, so the signer is
+   **muted** — its entries are not read — for ``MUTE_FIRST`` s, twice as long each time it is muted again with no
+   verified group between (at most ``MUTE_MOST`` s). The entries it writes while muted are never read;
 3. a ``seq`` the signer already used under another adapter version is a **replay**: refused, signer banned; the
    same entry read twice (same version and seq, e.g. again after a restart) is a ``duplicate``, refused and
    forgiven: it is never used twice. The seqs of versions that left the window are forgotten, keeping only the
@@ -71,12 +75,14 @@ from peer.protocol import GroupRecord, key_fingerprint
 from peer.roles.learner.verify import REWARD_TOLERANCE, Refused, check_group
 from peer.run.spec import RunSpec
 
-FORGIVEN = ("schema", "duplicate", "unknown_version", "lineage", "surplus")
+FORGIVEN = ("schema", "unavailable", "duplicate", "unknown_version", "lineage", "surplus")
 """Refusal reasons that do not ban the signer."""
 STRIKES = ("unknown_version", "lineage", "schema")
 """Forgiven reasons that still count towards a ban when they come in a long run from one signer."""
 STRIKE_UPDATES = 4  # such refusals in a row that ban: this many times groups_per_version x (tau_max + 1)
 BURST = 0.5  # the share of its cap a signer may give beyond it in one update, paid back in the next ones
+MUTE_FIRST = 10.0  # s a signer whose blob could not be fetched is muted, the first time since its last verified group
+MUTE_MOST = 600.0  # s: each mute again with no verified group between lasts twice the last, up to this
 FORGET_MARGIN = 2  # versions beyond the window whose seqs are still remembered one by one
 FORGET_EVERY = 8  # versions between two passes that forget old seqs
 RECENT_SIGNAL = 512  # verified groups over which the share without signal is reported
@@ -136,6 +142,8 @@ class Intake:
         self.rejected: Counter = Counter()  # reason -> groups
         self.rejected_by: Counter = Counter()  # signer -> groups refused
         self.strikes: Counter = Counter()  # signer -> STRIKES refusals since its last verified group
+        self.muted: dict[bytes, tuple[float, float]] = {}  # signer -> (clock() its mute ends, how long it lasted)
+        self.skipped = Skipped(self)  # signers whose entries are not read now: banned or muted (a live view)
         self._forgotten_at = 0  # the learner's version at the last forget()
         self.recent_signal: deque[bool] = deque(maxlen=RECENT_SIGNAL)  # of the latest verified groups: signal?
         self.arrival_lag: Counter = Counter()  # versions behind the learner's when read (tau_max + 1: more)
@@ -154,6 +162,8 @@ class Intake:
         if owner in self.banned:
             self.counts["ignored_banned"] += 1
             return "banned"
+        if fetched.group is None and fetched.unavailable:
+            return self._unavailable(owner, Refused("unavailable", fetched.error or "group blob unavailable"))
         if fetched.group is None:
             return self._refuse(owner, Refused("schema", fetched.error or "unreadable entry"))
         group = fetched.group
@@ -187,6 +197,7 @@ class Intake:
         self.last_verified[owner] = max(group.version, self.last_verified.get(owner, -1))
         self.last_arrival[owner] = self.clock()
         self.strikes.pop(owner, None)
+        self.muted.pop(owner, None)
         # each claimed reward is within REWARD_TOLERANCE of the recomputed one: a smaller spread may be a claim
         signal = max(group.rewards) - min(group.rewards) > 2 * REWARD_TOLERANCE
         self.recent_signal.append(signal)
@@ -225,6 +236,7 @@ class Intake:
         if owner not in self.banned:
             self.banned[owner] = reason
             self.strikes.pop(owner, None)
+            self.muted.pop(owner, None)
             self.counts["purged"] += len(self.pool.pop(owner, []))
             self.last_verified.pop(owner, None)
             self.last_arrival.pop(owner, None)
@@ -364,6 +376,20 @@ class Intake:
                 self.ban(owner, f"{self.strikes[owner]} {what} in a row ({refused})")
         return refused
 
+    def _unavailable(self, owner: bytes, refused: Refused) -> Refused:
+        """Refuse a group whose blob could not be fetched, and mute its signer (unless muted already: the entry's
+        other groups, or fetches that were in flight when the mute began)."""
+        now = self.clock()
+        ends, lasted = self.muted.get(owner, (0.0, 0.0))
+        if ends <= now:
+            lasted = min(MUTE_MOST, 2 * lasted) if lasted else MUTE_FIRST
+            self.muted[owner] = (now + lasted, lasted)
+            self.counts["muted"] += 1
+        return self._refuse(owner, refused)
+
+    def is_muted(self, owner: bytes) -> bool:
+        return owner in self.muted and self.muted[owner][0] > self.clock()
+
     def _admit(self, accepted: Accepted) -> None:
         groups = self.pool[accepted.owner]
         groups.append(accepted)
@@ -377,4 +403,15 @@ class Intake:
         self.counts["admitted"] += 1
 
 
-__all__ = ["FORGIVEN", "Accepted", "Intake"]
+class Skipped:
+    """The signers whose entries a learner's reader skips now: the intake's banned (for good) and muted ones (until
+    their mute ends). A container over the intake's live state, safe to test from the reader's thread."""
+
+    def __init__(self, intake: Intake):
+        self.intake = intake
+
+    def __contains__(self, owner: object) -> bool:
+        return owner in self.intake.banned or self.intake.is_muted(owner)
+
+
+__all__ = ["FORGIVEN", "Accepted", "Intake", "Skipped"]

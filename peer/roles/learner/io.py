@@ -39,7 +39,7 @@ class Fetcher:
 
     def __init__(self, store, window: int, interval: float, skip=()):
         self.store = store
-        self.skip = skip  # signers whose entries are not even read (the intake's bans; a live view)
+        self.skip = skip  # signers whose entries are not even read (the intake's bans and mutes; a live view)
         self.window = window
         self.interval = interval
         self.version = 0

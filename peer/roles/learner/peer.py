@@ -148,6 +148,7 @@ class LearnerSummary:
     takes_short: dict[str, int]  # takes short of groups, and of other signers' groups (the share cap)
     groups_rejected: dict[str, int]  # by reason
     ignored_banned: int
+    mutes: int  # signers muted a while since a blob of theirs could not be fetched (counted each time)
     banned: list[str]  # key fingerprints
     logprob_checks: int
     seconds: float
@@ -314,7 +315,7 @@ class LearnerPeer:
 
     def start_fetcher(self) -> None:
         s = self.session
-        self.fetcher = Fetcher(self.store, s.spec.staleness.tau_max, self.config.poll_interval, self.intake.banned)
+        self.fetcher = Fetcher(self.store, s.spec.staleness.tau_max, self.config.poll_interval, self.intake.skipped)
         self.fetcher.version = s.version
         self.fetcher.start()
 
@@ -406,6 +407,7 @@ class LearnerPeer:
             takes_short={"of_groups": intake.counts["short"], "of_other_signers": intake.counts["short_capped"]},
             groups_rejected=dict(intake.rejected),
             ignored_banned=intake.counts["ignored_banned"],
+            mutes=intake.counts["muted"],
             banned=sorted(key_fingerprint(o) for o in intake.banned),
             logprob_checks=intake.counts["checked"],
             seconds=round(seconds, 3),

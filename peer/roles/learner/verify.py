@@ -46,6 +46,7 @@ REASONS = (
     "logprobs",
     # a learner's intake (peer.roles.learner.intake) adds these
     "schema",
+    "unavailable",
     "replay",
     "unknown_version",
     "surplus",
