@@ -15,10 +15,14 @@ def spawn(
     new_session: bool = True,
     nice: int = 0,
     env: dict | None = None,
+    session_nice: int = 0,
 ) -> subprocess.Popen:
     """``python ARGV`` as a peer process of a local swarm (the demo's, a benchmark's, a test's): one torch thread,
     stderr to ``log``, stdin closed; ``new_session``: in a process group of its own, so that killing the group ends
-    its DHT process and libp2p daemon too; ``nice``: its CPU priority; ``env``: added to this process's."""
+    its DHT process and libp2p daemon too; ``nice``: its CPU priority; ``env``: added to this process's;
+    ``session_nice``: its session's autogroup alone starts at that nice value (its threads are left at ``nice``),
+    which the child may set back to 0 later (only a negative value needs privileges): :mod:`peer.demo.prestart`
+    does, once its host is up."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
     with open(log, "w") as err:
         return subprocess.Popen(
@@ -29,16 +33,54 @@ def spawn(
             text=stdout is subprocess.PIPE,
             env=env,
             start_new_session=new_session,
-            preexec_fn=(lambda: _lower_priority(nice)) if nice else None,
+            preexec_fn=(lambda: _lower_priority(nice, session_nice)) if nice or session_nice else None,
         )
 
 
-def _lower_priority(nice: int) -> None:
-    """In the child, before it runs: ``nice`` for its threads and for its session's autogroup. Where the kernel
-    groups each session for scheduling (``/proc/sys/kernel/sched_autogroup_enabled``), a process's nice value only
-    ranks it within its own session, and every session shares the CPU equally: a peer in a session of its own at
-    nice 10 took as much CPU as the learner at nice 0 until its autogroup was niced too (docs/demo.md)."""
-    os.nice(nice)
+def _lower_priority(nice: int, session_nice: int = 0) -> None:
+    """In the child, before it runs: ``nice`` for its threads, and the larger of the two for its session's autogroup.
+    Where the kernel groups each session for scheduling (``/proc/sys/kernel/sched_autogroup_enabled``), a process's
+    nice value only ranks it within its own session, and every session shares the CPU equally: a peer in a session
+    of its own at nice 10 took as much CPU as the learner at nice 0 until its autogroup was niced too
+    (docs/demo.md)."""
+    if nice:
+        os.nice(nice)
+    _nice_autogroup(max(nice, session_nice))
+
+
+def lower_priority(nice: int) -> None:
+    """Lower this running process to ``nice``: every thread of it and of its child processes (its DHT process, the
+    libp2p daemon), and its session's autogroup (see :func:`_lower_priority`). Never raises it: a thread already
+    nicer keeps its value. Where ``/proc`` lacks a part (not Linux), that part is skipped."""
+    for pid in _self_and_descendants():
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            tids = [pid] if pid == os.getpid() else []
+        for tid in tids:
+            try:
+                if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                    os.setpriority(os.PRIO_PROCESS, tid, nice)
+            except OSError:  # gone meanwhile, or not ours
+                pass
+    _nice_autogroup(nice)
+
+
+def _self_and_descendants() -> list[int]:
+    found, todo = [], [os.getpid()]
+    while todo and len(found) < 256:
+        pid = todo.pop()
+        found.append(pid)
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def _nice_autogroup(nice: int) -> None:
     try:
         with open("/proc/self/autogroup", "w") as f:
             f.write(str(nice))
@@ -46,4 +88,4 @@ def _lower_priority(nice: int) -> None:
         pass
 
 
-__all__ = ["spawn"]
+__all__ = ["lower_priority", "spawn"]

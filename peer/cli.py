@@ -212,6 +212,15 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
     default=None,
     help="Pause while the newest version's bucket holds this many groups. Default: 2x the learners' batch.",
 )
+@click.option(
+    "--nice",
+    type=click.IntRange(0, 19),
+    default=0,
+    show_default=True,
+    help="Once joined and ready to sample, lower this peer's CPU priority to this nice value (19: the lowest), so "
+    "the machine's other work comes first; joining runs at full priority. Where Linux groups each terminal session "
+    "for scheduling (autogroup), the whole session is lowered.",
+)
 @ledger_option("per-batch and per-swap")
 @cache_dir_option
 @threads_option
@@ -219,7 +228,7 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
 @metrics_options
 @name_option
 @max_upload_option
-def join_cmd(batch_size, max_memory, max_groups, max_inflight, threads, as_json, **shared):
+def join_cmd(batch_size, max_memory, max_groups, max_inflight, nice, threads, as_json, **shared):
     """Join a swarm as a rollout peer: generate and score GRPO groups with the newest adapter."""
     if batch_size != "auto" and not (batch_size.isdigit() and int(batch_size) >= 1):
         raise click.BadParameter(
@@ -235,6 +244,7 @@ def join_cmd(batch_size, max_memory, max_groups, max_inflight, threads, as_json,
         max_memory=max_memory,
         max_groups=max_groups,
         max_inflight=max_inflight,
+        nice=nice,
     )
     result = _run_role(run_rollout, config, as_json)
     if not as_json:

@@ -4,7 +4,8 @@ Each child is the ``hivegrpo`` command a user would run (``python -m peer.cli ho
 its own (a ^C at the terminal reaches only the demo, which then stops the children in order), with one torch
 thread, its stderr in ``logs/NAME.log`` and its final ``--json`` summary in ``logs/NAME.json``. Stopping is by
 SIGTERM (each role finishes its batch or update and leaves cleanly), then SIGKILL after a grace period, always by
-the child's own PID. Rollout peers run at nice 10 with batches of 8 prompts (docs/demo.md says why).
+the child's own PID. Rollout peers lower themselves to nice 10 once ready, with batches of 8 prompts (docs/demo.md
+says why). The first learner and the rollout peers start beside the host (:mod:`peer.demo.prestart`).
 """
 
 from __future__ import annotations
@@ -23,18 +24,24 @@ from peer.errors import UserError
 LOOPBACK = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay"]
 LEARNER_STAGGER = 3.0  # s between starting the learners of a team
 ROLLOUT_NICE = 10  # rollout peers use the CPU the learner leaves (on 2 cores the learner is the bottleneck)
-ROLLOUT_ARGS = ["--batch-size", "8"]  # a peer swaps adapters between batches: smaller ones follow sooner
+# a peer swaps adapters between batches: smaller ones follow sooner; it lowers its priority once ready (joining at
+# full priority: at nice 10 from the start, the rollout peers were ready ~5 s after the learner, which waited)
+ROLLOUT_ARGS = ["--batch-size", "8", "--nice", str(ROLLOUT_NICE)]
+PRESTART = "peer.demo.prestart"
+PRESTART_NICE = 19  # a child started beside the host imports at the lowest priority: the host, awaited by all, first
 STOP_GRACE = 60.0  # seconds a child gets to finish after SIGTERM
 
 
 class Child:
-    def __init__(self, name: str, argv: list[str], logs: Path, nice: int = 0, module: str = "peer.cli"):
+    def __init__(
+        self, name: str, argv: list[str], logs: Path, nice: int = 0, module: str = "peer.cli", session_nice: int = 0
+    ):
         self.name = name
         self.log = logs / f"{name}.log"
         self.summary = logs / f"{name}.json"
         self._terminated = False
         with open(self.summary, "w") as out:
-            self.process = spawn(["-m", module, *argv], self.log, stdout=out, nice=nice)
+            self.process = spawn(["-m", module, *argv], self.log, stdout=out, nice=nice, session_nice=session_nice)
 
     @property
     def alive(self) -> bool:
@@ -103,19 +110,31 @@ class LocalSwarm:
         self.rollout_count, self.ledger, self.learner_count = rollout_peers, ledger, learners
         self.host_args, self.learner_args = list(host_args or []), list(learner_args or [])
         self.rollout_args = [list(a) for a in rollout_args or []]
-        self.joining: list[str] = []
         self.host: Child | None = None
         self.learners: list[Child] = []
         self.rollouts: list[Child] = []
         self.info: dict = {}
 
     def start(self, timeout: float = 180.0) -> LocalSwarm:
+        """Start the host, and beside it the first learner and the rollout peers (:mod:`peer.demo.prestart`: they
+        import their libraries while the host starts, then take its address from its info file); once the host is
+        up, the team's other learners, ``LEARNER_STAGGER`` s apart."""
+        from peer.demo.prestart import CREDENTIAL, JOIN  # not at the top: the package would import what it runs
+
         self.logs.mkdir(parents=True, exist_ok=True)
         info_file = self.root / "info.json"
         host = ["host", "--run-id", self.run_id, "--cache-dir", str(self.root / "host"), *LOOPBACK]
         self.host = Child(
             "host", [*host, "--info-file", str(info_file), *self.host_args], self.logs, module=self.module
         )
+        early = [str(info_file), str(timeout), self.module]
+        if self.learner_count:
+            argv = [*early, *self._learn(0, [JOIN], CREDENTIAL)]
+            self.learners.append(Child("learner", argv, self.logs, module=PRESTART, session_nice=PRESTART_NICE))
+        for i in range(self.rollout_count):
+            argv = self._join(f"rollout-{i + 1}", [JOIN], self.rollout_args[i] if i < len(self.rollout_args) else [])
+            child = Child(f"rollout-{i + 1}", [*early, *argv], self.logs, module=PRESTART, session_nice=PRESTART_NICE)
+            self.rollouts.append(child)
         deadline = time.monotonic() + timeout
         while not info_file.exists():
             if not self.host.alive or time.monotonic() > deadline:
@@ -124,28 +143,35 @@ class LocalSwarm:
                 )
             time.sleep(0.2)
         self.info = json.loads(info_file.read_text())
-        joining = ["--run-id", self.run_id, "--coordinator", self.info["coordinator"], *LOOPBACK, "--json"]
-        for maddr in self.info["initial_peers"]:
-            joining += ["--initial-peers", maddr]
-        self.joining = joining
-        for i in range(self.learner_count):
-            name = "learner" if i == 0 else f"learner-{i + 1}"
-            ledger = self.ledger if i == 0 else self.ledger.with_name(f"{self.ledger.stem}-{i + 1}.jsonl")
-            learner = ["learn", *joining, "--learner-credential", self.info["learner_credential"]]
-            learner += ["--cache-dir", str(self.root / name), "--ledger", str(ledger)]
-            learner += self.learner_args
-            self.learners.append(Child(name, learner, self.logs, module=self.module))
-            if i + 1 < self.learner_count:
-                time.sleep(LEARNER_STAGGER)  # a later learner then finds the first one leading, and helps it
-        for i in range(self.rollout_count):
-            self.add_rollout(f"rollout-{i + 1}", self.rollout_args[i] if i < len(self.rollout_args) else [])
+        for i in range(1, self.learner_count):
+            time.sleep(LEARNER_STAGGER)  # a later learner then finds the first one leading, and helps it
+            argv = self._learn(i, self._expand([JOIN]), self.info["learner_credential"])
+            self.learners.append(self._learner(i, argv, self.module))
         return self
+
+    def _learn(self, i: int, join: list[str], credential: str) -> list[str]:
+        name = "learner" if i == 0 else f"learner-{i + 1}"
+        ledger = self.ledger if i == 0 else self.ledger.with_name(f"{self.ledger.stem}-{i + 1}.jsonl")
+        learner = ["learn", "--run-id", self.run_id, *LOOPBACK, "--json", *join, "--learner-credential", credential]
+        return [*learner, "--cache-dir", str(self.root / name), "--ledger", str(ledger), *self.learner_args]
+
+    def _learner(self, i: int, argv: list[str], module: str) -> Child:
+        return Child("learner" if i == 0 else f"learner-{i + 1}", argv, self.logs, module=module)
+
+    def _join(self, name: str, join: list[str], extra: list[str]) -> list[str]:
+        rollout = ["join", "--run-id", self.run_id, *LOOPBACK, "--json", *join, "--cache-dir", str(self.root / name)]
+        return [*rollout, "--identity", str(self.root / f"{name}.id"), *ROLLOUT_ARGS, *extra]
+
+    def _expand(self, argv: list[str]) -> list[str]:
+        from peer.demo.prestart import expand
+
+        return expand(argv, self.info)  # the host's address and credential, known once it is up
 
     def add_rollout(self, name: str, extra: list[str] | None = None) -> Child:
         """Start one more rollout peer (after :meth:`start`), with ``extra`` arguments."""
-        rollout = ["join", *self.joining, "--cache-dir", str(self.root / name)]
-        rollout += ["--identity", str(self.root / f"{name}.id"), *ROLLOUT_ARGS, *(extra or [])]
-        child = Child(name, rollout, self.logs, nice=ROLLOUT_NICE, module=self.module)
+        from peer.demo.prestart import JOIN
+
+        child = Child(name, self._join(name, self._expand([JOIN]), extra or []), self.logs, module=self.module)
         self.rollouts.append(child)
         return child
 

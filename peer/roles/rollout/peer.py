@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from peer.children import lower_priority
 from peer.closers import Closers
 from peer.errors import UserError
 from peer.log import get_logger
@@ -107,6 +108,7 @@ class RolloutConfig:
     max_memory: int | None = None  # bytes the model and a batch may take (--max-memory); None: what is free
     max_groups: int | None = None  # stop after publishing this many
     max_inflight: int | None = None  # groups at the newest version before waiting; None: 2 x groups_per_version
+    nice: int = 0  # once ready, lower this process (and its DHT process, p2pd, session) to this nice value
     cache_dir: Path = field(default_factory=default_cache_dir)
     heartbeat_interval: float = 10.0
     allowed_tasks: tuple[str, ...] = ()  # plug-in task modules the manifest may name (--allow-task)
@@ -128,6 +130,8 @@ class RolloutConfig:
             raise ValueError(f"max_memory must be a positive number of bytes, got {self.max_memory!r}")
         if self.max_inflight is not None and self.max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"nice must be in 0..19, got {self.nice}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in 0..65535 (0: any free port), got {self.metrics_port}")
 
@@ -298,6 +302,8 @@ class RolloutPeer:
             spec.sampling.group_size,
             self.max_inflight,
         )
+        if c.nice:  # joined at full priority (a late start costs the swarm groups); samples at the one asked for
+            lower_priority(c.nice)
         self.progress = Progress(self._counters, self._own_credit, every=c.progress_every).start()
         self._closers.add(self.progress.stop)
         return self
