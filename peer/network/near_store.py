@@ -1,12 +1,13 @@
 """Stores that skip the lookup when this DHT node already knows a key's nearest nodes (runs in the DHT process).
 
-hivemind's ``store_many`` looks up a key's nearest nodes before every store: one round of requests, then the
-store round. A rollout peer stores into the same bucket key (its adapter version's) many times, so
-:func:`store_near` remembers the nearest nodes a lookup found, for ``REMEMBER`` seconds per key, and stores straight
-to them: one round instead of two. A replica that does not answer forgets the key's nodes (the next store looks
-them up again); a store no replica took falls back to hivemind's own ``store_many``. A node that joins nearer to
-the key while its nodes are remembered does not get the entries stored meanwhile; readers still find them on the
-other nearest nodes, which their narrow search also asks (``peer.network.swarm``, "search width").
+hivemind's ``store_many`` looks up a key's nearest nodes before every store: one round of requests, then the store
+round. A rollout peer stores into the same bucket key (its adapter version's) many times, so :func:`store_near`
+remembers the nearest nodes a lookup found, for ``REMEMBER`` seconds per key (``REMEMBER_FEW`` when it found fewer
+than the replicas asked for), and stores straight to them: one round instead of two. A replica that does not answer
+forgets the key's nodes (the next store looks them up again); a store no replica took falls back to hivemind's own
+``store_many``. A node that joins nearer to the key while its nodes are remembered does not get the entries stored
+meanwhile; readers still find them on the other nearest nodes, which their narrow search also asks
+(``peer.network.swarm``, "search width").
 
 Records are signed and the local copy validated exactly as ``DHTNode.store_many`` does.
 """
@@ -17,7 +18,8 @@ import asyncio
 import time
 
 REMEMBER = 30.0  # seconds a key's nearest nodes are reused for
-_nearest: dict = {}  # key DHTID -> (when found, {node DHTID: PeerID}) in this DHT process
+REMEMBER_FEW = 5.0  # seconds, when the lookup found fewer nodes than the replicas asked for (a small swarm)
+_nearest: dict = {}  # key DHTID -> (monotonic time it is forgotten, {node DHTID: PeerID}) in this DHT process
 _background: set = set()  # replica stores still running after the call returned
 
 
@@ -131,13 +133,16 @@ def _send(node, peer_id, key_id, subkeys: list, records: list):
 async def _nearest_nodes(node, key_id, replicas: int) -> dict:
     now = time.monotonic()
     known = _nearest.get(key_id)
-    if known is not None and now - known[0] < REMEMBER:
+    if known is not None and now < known[0]:
         return known[1]
     found = await node.find_nearest_nodes([key_id], k_nearest=replicas, beam_size=replicas, num_workers=replicas)
     nearest = found[key_id]  # includes this node when it is one of the nearest
-    if len(nearest) >= replicas:  # a swarm smaller than that is still forming: the next joiner is a nearest node
-        _nearest[key_id] = (now, nearest)
-    for stale in [k for k, (when, _) in _nearest.items() if now - when >= REMEMBER]:
+    if nearest:
+        # a swarm smaller than the replicas asked for may be forming (the next joiner is a nearest node): its nodes
+        # are looked up again sooner. Never remembering them made every store in a swarm of 2-4 nodes (the demo's,
+        # a small private one) a lookup of 3 requests first: half of a learner's requests in the demo
+        _nearest[key_id] = (now + (REMEMBER if len(nearest) >= replicas else REMEMBER_FEW), nearest)
+    for stale in [k for k, (until, _) in _nearest.items() if now >= until]:
         del _nearest[stale]
     return nearest
 

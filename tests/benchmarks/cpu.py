@@ -21,6 +21,7 @@ from collections import Counter
 import psutil
 
 ROLES = {"join": "rollout", "learn": "learner", "host": "host", "demo": "demo", "eval": "eval"}
+PRESTART = "peer.demo.prestart"
 
 
 def label(process: psutil.Process, labels: dict[int, str]) -> str:
@@ -40,7 +41,10 @@ def label(process: psutil.Process, labels: dict[int, str]) -> str:
                 return f"{labels[parent]} child"
         except psutil.Error:
             pass
-    for part in cmdline[1:4]:
+    start = 1
+    if PRESTART in cmdline:  # python -m peer.demo.prestart INFO TIMEOUT MODULE COMMAND ...: the demo's early child
+        start = cmdline.index(PRESTART) + 4
+    for part in cmdline[start : start + 3]:
         if part in ROLES:
             return ROLES[part]
     return name

@@ -150,6 +150,14 @@ class FakeProcess:
         (FakeProcess("hivegrpo", ["python", "/venv/bin/hivegrpo", "join", "--run-id", "x"]), "rollout"),
         (FakeProcess("python3", ["python3", "-m", "peer.cli", "learn"]), "learner"),
         (FakeProcess("hivegrpo", ["hivegrpo", "host"]), "host"),
+        (
+            FakeProcess("python", ["python", "-m", "peer.demo.prestart", "/t/info.json", "180", "peer.cli", "join"]),
+            "rollout",
+        ),
+        (
+            FakeProcess("python", ["python", "-m", "peer.demo.prestart", "/t/i", "180", "tests.h", "learn", "--json"]),
+            "learner",
+        ),
         (FakeProcess("hivegrpo", ["hivegrpo", "demo", "--json"]), "demo"),
         (FakeProcess("hivegrpo-dht", ["python3", "-m", "peer.cli", "join"], ppid=10), "rollout 1 dht"),
         (FakeProcess("hivegrpo-publis", ["python3", "-m", "peer.cli", "join"], ppid=11), "learner 1 publis"),

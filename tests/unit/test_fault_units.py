@@ -69,7 +69,11 @@ class _Swarm:
     def store(self, *args, **kwargs):
         return True
 
+    def __init__(self):
+        self.stored = []
+
     def store_many(self, items, what, **kwargs):
+        self.stored.extend((what, value) for _, _, value, _ in items)
         return [True] * len(items)
 
 
@@ -79,6 +83,7 @@ def announcer(monkeypatch):
 
     announced = []
     monkeypatch.setattr(learner_io, "announce_adapter", lambda swarm, blobs, v, blob, parent, **_: announced.append(v))
+    monkeypatch.setattr(learner_io, "to_dht_value", lambda record: record)  # the metrics as submitted
     a = learner_io.Announcer(_Swarm(), None)
     a.GATE_FLUSH = 0.3
     a.announced_versions = announced
@@ -110,6 +115,25 @@ def test_a_newer_version_replaces_a_gated_one_and_a_flush_drops_a_gate_that_stay
     assert announcer.announced_versions == []
     announcer.submit(9, b"blob", sha("v8"), None, gate=lambda: True)
     assert announcer.flush(timeout=5) and announcer.announced_versions == [9]
+
+
+def test_the_metrics_are_stored_at_most_every_few_seconds_the_newest_one_and_at_a_flush(announcer, monkeypatch):
+    """A version comes every ~0.4 s in the demo: storing the metrics record with each one was half of the learner's
+    DHT requests. The newest is stored once ``METRICS_EVERY`` has passed (learning or not), and at a flush."""
+    from peer.roles.learner import io as learner_io
+
+    monkeypatch.setattr(learner_io, "METRICS_EVERY", 0.5)
+    metrics = lambda: [value for what, value in announcer.swarm.stored if what == "learner metrics"]  # noqa: E731
+    for v in range(1, 6):
+        announcer.submit(v, b"blob", sha(f"v{v - 1}"), f"metrics of v{v}")
+        time.sleep(0.02)
+    wait_until(lambda: announcer.announced_versions[-1:] == [5], "v5 announced", 5, interval=0.01)
+    assert metrics() == ["metrics of v1"], "the first at once, then not with every version"
+    wait_until(lambda: len(metrics()) == 2, "the newest stored once METRICS_EVERY passed", 5, interval=0.01)
+    assert metrics()[-1] == "metrics of v5"
+    announcer.submit(6, b"blob", sha("v5"), "metrics of v6")
+    assert announcer.flush(timeout=5) and metrics()[-1] == "metrics of v6", "a flush stores the newest at once"
+    assert announcer.flush(timeout=5) and len(metrics()) == 3, "nothing new: nothing stored again"
 
 
 # ---------------------------------------------------------------------------------------------------- the leader

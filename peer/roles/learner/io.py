@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -14,6 +15,7 @@ from peer.run.adapters import announce_adapter
 
 logger = get_logger(__name__)
 
+METRICS_EVERY = 2.0  # s between two stores of the learner's metrics record at most (a version comes every ~0.4 s)
 REANNOUNCE_EVERY = 120.0  # s; the announcement lives ANNOUNCEMENT_TTL (600 s): an idle learner stays findable
 
 
@@ -118,7 +120,9 @@ class Fetcher:
 
 class Announcer:
     """Announces the newest version (and the metrics) on a thread, so the learner never waits on the DHT; an
-    older version not yet announced when a newer one is ready is skipped (followers want the newest).
+    older version not yet announced when a newer one is ready is skipped (followers want the newest). The metrics
+    record (for status pages) is stored at most every ``METRICS_EVERY`` s, the newest one submitted, and at a flush:
+    stored with every version, it was half of the learner's DHT requests in the demo.
 
     A submission may carry a ``gate``: it is announced only once ``gate()`` is true (a leading learner's helpers
     must hold the version first, :meth:`peer.roles.learner.team.lead.Lead.holds`); a newer submission replaces a
@@ -144,6 +148,9 @@ class Announcer:
         self._idle = threading.Event()
         self._idle.set()
         self._stop = threading.Event()
+        self._metrics: MetricsRecord | None = None  # the newest metrics submitted and not yet stored
+        self._metrics_at = -math.inf  # monotonic time of the last store of the metrics
+        self._flushing = False
         self._thread = threading.Thread(target=self._run, name="adapter-announcer", daemon=True)
         self._thread.start()
 
@@ -165,6 +172,16 @@ class Announcer:
         """Wait until everything submitted is announced; a submission whose gate stays closed for GATE_FLUSH s
         is dropped (it was never announced, so nobody is left holding it)."""
         deadline = time.monotonic() + timeout
+        with self._lock:
+            self._flushing = True  # the newest metrics are stored too, however recent the last store
+            self._idle.clear()
+        self._wake.set()
+        try:
+            return self._flush(deadline)
+        finally:
+            self._flushing = False
+
+    def _flush(self, deadline: float) -> bool:
         while not self._idle.wait(min(self.GATE_FLUSH, max(0.0, deadline - time.monotonic()))):
             with self._lock:
                 pending = self._pending
@@ -203,7 +220,7 @@ class Announcer:
     def _run(self) -> None:
         last = time.monotonic()
         while not self._stop.is_set():
-            self._wake.wait(timeout=REANNOUNCE_EVERY)
+            self._wake.wait(timeout=METRICS_EVERY if self._metrics is not None else REANNOUNCE_EVERY)
             self._wake.clear()
             with self._lock:
                 pending, self._pending = self._pending, None
@@ -224,6 +241,7 @@ class Announcer:
                 if self._current is not None and time.monotonic() - last >= REANNOUNCE_EVERY:
                     pending = self._current
                 else:
+                    self._store_metrics(force=self._flushing)
                     self._idle.set()
                     continue
             version, blob, parent, metrics, _, demand = pending
@@ -240,20 +258,28 @@ class Announcer:
                     push_to=self.followers() if self.followers is not None else (),
                 )
                 self.announced, self._current, last = version, pending, time.monotonic()
-                if metrics is not None:
-                    item = (
-                        metrics_key(self.swarm.run_id),
-                        owner_subkey(self.swarm.public_key),
-                        to_dht_value(metrics),
-                        time.time() + 600.0,
-                    )
-                    self.swarm.store_many([item], "learner metrics", narrow=True)  # one key: its nodes reused
             except Exception as e:  # the network boundary: keep learning; the next version is announced anyway
                 self.failures += 1
                 logger.warning("could not announce adapter v%d: %s", version, e)
+            if metrics is not None:
+                self._metrics = metrics
+            self._store_metrics(force=False)
             with self._lock:
-                if self._pending is None:
+                if self._pending is None and not self._flushing:
                     self._idle.set()
+                elif self._pending is None:
+                    self._wake.set()  # a flush: the idle branch stores the newest metrics, then says idle
+
+    def _store_metrics(self, force: bool) -> None:
+        metrics = self._metrics
+        if metrics is None or (not force and time.monotonic() - self._metrics_at < METRICS_EVERY):
+            return
+        item = (metrics_key(self.swarm.run_id), owner_subkey(self.swarm.public_key), to_dht_value(metrics))
+        try:  # one key: its nodes are reused
+            self.swarm.store_many([(*item, time.time() + 600.0)], "learner metrics", narrow=True)
+        except Exception as e:  # the network boundary: the next ones are stored anyway
+            logger.warning("could not store the learner's metrics: %s", e)
+        self._metrics, self._metrics_at = None, time.monotonic()
 
 
 __all__ = ["Announcer", "Fetcher"]
