@@ -218,9 +218,17 @@ def test_a_holder_that_failed_is_not_asked_again_for_a_while():
     assert "QmB" not in bad and "QmC" not in bad
 
 
-def test_a_peer_lists_itself_as_a_holder_and_never_asks_itself():
+def test_a_peer_lists_itself_as_a_holder_on_the_nodes_a_narrow_read_asks_and_never_asks_itself():
+    from peer.network.holders import HOLDER_REPLICAS
+
     swarm = HolderSwarm(RSAPrivateKey(), "run", peer_id="QmMe")
+    how = []
+    store_many = swarm.store_many
+    swarm.store_many = lambda items, what, **kwargs: how.append(kwargs) or store_many(items, what, **kwargs)
     assert advertise(swarm, 7, SHA, 1000)
+    assert how == [{"narrow": True, "replicas": HOLDER_REPLICAS}] and HOLDER_REPLICAS == 2, (
+        "stored as a bucket entry is: on the key's 2 nearest nodes, remembered per ring slot"
+    )
     (value,) = swarm.records[holders_key("run", 7)].values()
     assert value["peer_id"] == "QmMe" and value["version"] == 7
     assert read_holders(swarm, 7, SHA, 1000) == []
