@@ -40,10 +40,18 @@ async def serve(path: str, _dht, node) -> str:
     process ends. Returns ``path``."""
     import asyncio
 
+    from peer.network import request_counts
+
+    counting = request_counts.folder()  # a benchmark's diagnostic (HIVEGRPO_COUNT_REQUESTS); None: off
+    if counting is not None:
+        request_counts.install(node, counting)
+
     async def handle(reader, writer) -> None:
         try:
             while True:
                 function, args = pickle.loads(await reader.readexactly(await read_length(reader)))
+                if counting is not None:
+                    request_counts.tag_call(function)
                 try:
                     answer = (True, await function(*args, _dht, node))
                 except Exception as e:  # noqa: BLE001 - the caller gets the exception, as run_coroutine gives it

@@ -41,13 +41,18 @@ def label(process: psutil.Process, labels: dict[int, str]) -> str:
                 return f"{labels[parent]} child"
         except psutil.Error:
             pass
+    return role_of(cmdline) or name
+
+
+def role_of(cmdline: list[str]) -> str | None:
+    """The hivegrpo role a command line runs (``rollout`` for ``hivegrpo join ...``), or None."""
     start = 1
     if PRESTART in cmdline:  # python -m peer.demo.prestart INFO TIMEOUT MODULE COMMAND ...: the demo's early child
         start = cmdline.index(PRESTART) + 4
     for part in cmdline[start : start + 3]:
         if part in ROLES:
             return ROLES[part]
-    return name
+    return None
 
 
 class CpuSampler:
