@@ -25,6 +25,7 @@ from peer.log import get_logger
 from peer.model.peft_folder import base_model_name, write_peft_folder
 
 logger = get_logger(__name__)
+SNAPSHOT_EVERY = 2.0  # s between two reads of the swarm's state for the live view (the metrics change every 2 s)
 
 
 @dataclass(frozen=True)
@@ -97,15 +98,16 @@ def run_demo(config: DemoConfig, live: bool | None = None) -> dict:
                 if display is not None:
                     display.start()
                 evaluations.append(_evaluate(observer, config.eval_n, t0))  # adapter v0, while the others start
-                next_eval, next_line = config.eval_every, 0.0
+                next_eval, next_line, next_snapshot = config.eval_every, 0.0, 0.0
                 while True:
                     elapsed = time.monotonic() - t0
                     if elapsed >= config.duration:
                         break
                     stopped = swarm.check()
-                    snapshot = observer.snapshot()
-                    for peer_id, rate in snapshot.rollout.items():
-                        throughput.setdefault(peer_id, []).append([round(elapsed, 2), round(rate, 3)])
+                    if elapsed >= next_snapshot:  # two DHT reads: the learner's metrics, the heartbeats
+                        snapshot, next_snapshot = observer.snapshot(), elapsed + SNAPSHOT_EVERY
+                        for peer_id, rate in snapshot.rollout.items():
+                            throughput.setdefault(peer_id, []).append([round(elapsed, 2), round(rate, 3)])
                     # the newest adapter is fetched only when an evaluation is due (not every version)
                     if elapsed >= next_eval and observer.catch_up() and observer.version > evaluations[-1]["version"]:
                         next_eval = elapsed + config.eval_every

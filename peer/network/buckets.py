@@ -56,7 +56,7 @@ from peer.protocol import (
 logger = get_logger(__name__)
 
 FETCH_WORKERS = 4  # a learner's threads fetching group blobs (each transfer bounded by its deadline)
-NETWORK_EVERY = 1.0  # s between a learner's network reads of a bucket; rollout peers push entries to it between
+NETWORK_EVERY = 2.0  # s between a learner's network reads of a bucket; rollout peers push entries to it between
 REPLICAS = 2  # nearest nodes a bucket entry is stored on, besides the learners it is pushed to (docs/protocol.md)
 GroupId = tuple[bytes, int, int]  # (owner public key, version, seq)
 
