@@ -90,7 +90,7 @@ class Observer:
 
         s = self.session
         newest = None
-        for item in s.swarm.get_dict(metrics_key(s.spec.run_id), narrow=True).values():  # on every replica
+        for item in s.swarm.get_dict(metrics_key(s.spec.run_id), narrow=True).values():  # its 2 nearest replicas
             try:
                 record = from_dht_value(MetricsRecord, item.value)
             except (RecordError, ValueError):

@@ -134,6 +134,9 @@ def test_the_metrics_are_stored_at_most_every_few_seconds_the_newest_one_and_at_
     announcer.submit(6, b"blob", sha("v5"), "metrics of v6")
     assert announcer.flush(timeout=5) and metrics()[-1] == "metrics of v6", "a flush stores the newest at once"
     assert announcer.flush(timeout=5) and len(metrics()) == 3, "nothing new: nothing stored again"
+    announcer.close()
+    started = time.monotonic()
+    assert announcer.flush(timeout=5) and time.monotonic() - started < 1, "closed: a flush answers at once"
 
 
 # ---------------------------------------------------------------------------------------------------- the leader

@@ -172,6 +172,8 @@ class Announcer:
         """Wait until everything submitted is announced; a submission whose gate stays closed for GATE_FLUSH s
         is dropped (it was never announced, so nobody is left holding it)."""
         deadline = time.monotonic() + timeout
+        if not self._thread.is_alive():  # closed: nothing is announced any more
+            return self._pending is None
         with self._lock:
             self._flushing = True  # the newest metrics are stored too, however recent the last store
             self._idle.clear()
