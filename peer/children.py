@@ -45,7 +45,7 @@ def _lower_priority(nice: int, session_nice: int = 0) -> None:
     (docs/demo.md)."""
     if nice:
         os.nice(nice)
-    _nice_autogroup(max(nice, session_nice))
+    set_session_nice(max(nice, session_nice))
 
 
 def lower_priority(nice: int) -> None:
@@ -63,7 +63,8 @@ def lower_priority(nice: int) -> None:
                     os.setpriority(os.PRIO_PROCESS, tid, nice)
             except OSError:  # gone meanwhile, or not ours
                 pass
-    _nice_autogroup(nice)
+    if current_session_nice() < nice:
+        set_session_nice(nice)
 
 
 def _self_and_descendants() -> list[int]:
@@ -80,7 +81,17 @@ def _self_and_descendants() -> list[int]:
     return found
 
 
-def _nice_autogroup(nice: int) -> None:
+def current_session_nice() -> int:
+    """This session's autogroup nice value (0 where there are no autogroups)."""
+    try:
+        with open("/proc/self/autogroup") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def set_session_nice(nice: int) -> None:
+    """This session's autogroup to ``nice`` (back to 0 is allowed: only a negative value needs privileges)."""
     try:
         with open("/proc/self/autogroup", "w") as f:
             f.write(str(nice))
@@ -88,4 +99,4 @@ def _nice_autogroup(nice: int) -> None:
         pass
 
 
-__all__ = ["lower_priority", "spawn"]
+__all__ = ["current_session_nice", "lower_priority", "set_session_nice", "spawn"]

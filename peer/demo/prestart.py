@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from peer.children import set_session_nice
+
 JOIN = "@host:join"
 CREDENTIAL = "@host:learner-credential"
 ROLE_MODULES = {"learn": "peer.roles.learner.peer", "join": "peer.roles.rollout.peer"}
@@ -53,15 +55,6 @@ def wait_for(info_file: Path, timeout: float, parent: int) -> dict | None:
     return json.loads(info_file.read_text())
 
 
-def session_nice(nice: int) -> None:
-    """This session's autogroup to ``nice`` (back to 0 is allowed: only a negative value needs privileges)."""
-    try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write(str(nice))
-    except OSError:  # not Linux, or no autogroups: the child imports at the host's priority
-        pass
-
-
 def main(argv: list[str]) -> None:
     info_file, timeout, module, *args = argv
     parent = os.getppid()
@@ -69,7 +62,7 @@ def main(argv: list[str]) -> None:
         importlib.import_module(ROLE_MODULES[args[0]])
     info = wait_for(Path(info_file), float(timeout), parent)
     if os.getsid(0) == os.getpid():  # a session of its own (started so by peer.children.spawn, at nice 19)
-        session_nice(0)
+        set_session_nice(0)
     if info is None:
         print(f"the host's info file {info_file} did not come within {timeout} s, or the demo left", file=sys.stderr)
         sys.exit(3)
