@@ -33,15 +33,13 @@ STOP_GRACE = 60.0  # seconds a child gets to finish after SIGTERM
 
 
 class Child:
-    def __init__(
-        self, name: str, argv: list[str], logs: Path, nice: int = 0, module: str = "peer.cli", session_nice: int = 0
-    ):
+    def __init__(self, name: str, argv: list[str], logs: Path, module: str = "peer.cli", session_nice: int = 0):
         self.name = name
         self.log = logs / f"{name}.log"
         self.summary = logs / f"{name}.json"
         self._terminated = False
         with open(self.summary, "w") as out:
-            self.process = spawn(["-m", module, *argv], self.log, stdout=out, nice=nice, session_nice=session_nice)
+            self.process = spawn(["-m", module, *argv], self.log, stdout=out, session_nice=session_nice)
 
     @property
     def alive(self) -> bool:
@@ -130,7 +128,7 @@ class LocalSwarm:
         early = [str(info_file), str(timeout), self.module]
         if self.learner_count:
             argv = [*early, *self._learn(0, [JOIN], CREDENTIAL)]
-            self.learners.append(Child("learner", argv, self.logs, module=PRESTART, session_nice=PRESTART_NICE))
+            self.learners.append(Child(_learner(0), argv, self.logs, module=PRESTART, session_nice=PRESTART_NICE))
         for i in range(self.rollout_count):
             argv = self._join(f"rollout-{i + 1}", [JOIN], self.rollout_args[i] if i < len(self.rollout_args) else [])
             child = Child(f"rollout-{i + 1}", [*early, *argv], self.logs, module=PRESTART, session_nice=PRESTART_NICE)
@@ -146,17 +144,14 @@ class LocalSwarm:
         for i in range(1, self.learner_count):
             time.sleep(LEARNER_STAGGER)  # a later learner then finds the first one leading, and helps it
             argv = self._learn(i, self._expand([JOIN]), self.info["learner_credential"])
-            self.learners.append(self._learner(i, argv, self.module))
+            self.learners.append(Child(_learner(i), argv, self.logs, module=self.module))
         return self
 
     def _learn(self, i: int, join: list[str], credential: str) -> list[str]:
-        name = "learner" if i == 0 else f"learner-{i + 1}"
+        name = _learner(i)
         ledger = self.ledger if i == 0 else self.ledger.with_name(f"{self.ledger.stem}-{i + 1}.jsonl")
         learner = ["learn", "--run-id", self.run_id, *LOOPBACK, "--json", *join, "--learner-credential", credential]
         return [*learner, "--cache-dir", str(self.root / name), "--ledger", str(ledger), *self.learner_args]
-
-    def _learner(self, i: int, argv: list[str], module: str) -> Child:
-        return Child("learner" if i == 0 else f"learner-{i + 1}", argv, self.logs, module=module)
 
     def _join(self, name: str, join: list[str], extra: list[str]) -> list[str]:
         rollout = ["join", "--run-id", self.run_id, *LOOPBACK, "--json", *join, "--cache-dir", str(self.root / name)]
@@ -205,6 +200,11 @@ class LocalSwarm:
             for c in live:
                 codes[c.name] = c.stop()
         return codes
+
+
+def _learner(i: int) -> str:
+    """The name of a team's ``i``-th learner (from 0)."""
+    return "learner" if i == 0 else f"learner-{i + 1}"
 
 
 __all__ = ["Child", "LocalSwarm"]
