@@ -150,7 +150,6 @@ class Announcer:
         self._stop = threading.Event()
         self._metrics: MetricsRecord | None = None  # the newest metrics submitted and not yet stored
         self._metrics_at = -math.inf  # monotonic time of the last store of the metrics
-        self._flushing = False
         self._thread = threading.Thread(target=self._run, name="adapter-announcer", daemon=True)
         self._thread.start()
 
@@ -170,20 +169,13 @@ class Announcer:
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until everything submitted is announced; a submission whose gate stays closed for GATE_FLUSH s
-        is dropped (it was never announced, so nobody is left holding it)."""
-        deadline = time.monotonic() + timeout
-        if not self._thread.is_alive():  # closed: nothing is announced any more
-            return self._pending is None
-        with self._lock:
-            self._flushing = True  # the newest metrics are stored too, however recent the last store
-            self._idle.clear()
-        self._wake.set()
-        try:
-            return self._flush(deadline)
-        finally:
-            self._flushing = False
+        is dropped (it was never announced, so nobody is left holding it). The newest metrics are stored then too."""
+        announced = self._wait_announced(timeout)
+        self._store_metrics(force=True)  # the newest, however recent the last store
+        return announced
 
-    def _flush(self, deadline: float) -> bool:
+    def _wait_announced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
         while not self._idle.wait(min(self.GATE_FLUSH, max(0.0, deadline - time.monotonic()))):
             with self._lock:
                 pending = self._pending
@@ -243,7 +235,7 @@ class Announcer:
                 if self._current is not None and time.monotonic() - last >= REANNOUNCE_EVERY:
                     pending = self._current
                 else:
-                    self._store_metrics(force=self._flushing)
+                    self._store_metrics(force=False)
                     self._idle.set()
                     continue
             version, blob, parent, metrics, _, demand = pending
@@ -264,24 +256,26 @@ class Announcer:
                 self.failures += 1
                 logger.warning("could not announce adapter v%d: %s", version, e)
             if metrics is not None:
-                self._metrics = metrics
+                with self._lock:
+                    self._metrics = metrics
             self._store_metrics(force=False)
             with self._lock:
-                if self._pending is None and not self._flushing:
+                if self._pending is None:
                     self._idle.set()
-                elif self._pending is None:
-                    self._wake.set()  # a flush: the idle branch stores the newest metrics, then says idle
 
     def _store_metrics(self, force: bool) -> None:
-        metrics = self._metrics
-        if metrics is None or (not force and time.monotonic() - self._metrics_at < METRICS_EVERY):
-            return
+        """Store the newest metrics submitted, if ``METRICS_EVERY`` passed since the last store (or ``force``).
+        Runs on the announcer's thread, and on a flush's caller: each set of metrics is taken once."""
+        with self._lock:
+            metrics = self._metrics
+            if metrics is None or (not force and time.monotonic() - self._metrics_at < METRICS_EVERY):
+                return
+            self._metrics, self._metrics_at = None, time.monotonic()
         item = (metrics_key(self.swarm.run_id), owner_subkey(self.swarm.public_key), to_dht_value(metrics))
         try:  # one key: its nodes are reused
             self.swarm.store_many([(*item, time.time() + 600.0)], "learner metrics", narrow=True)
         except Exception as e:  # the network boundary: the next ones are stored anyway
             logger.warning("could not store the learner's metrics: %s", e)
-        self._metrics, self._metrics_at = None, time.monotonic()
 
 
 __all__ = ["Announcer", "Fetcher"]
