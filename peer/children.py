@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one torch thread each: several share the cores
+
 
 def spawn(
     argv: list[str],
@@ -23,7 +25,7 @@ def spawn(
     ``session_nice``: its session's autogroup alone starts at that nice value (its threads are left at ``nice``),
     which the child may set back to 0 later (only a negative value needs privileges): :mod:`peer.demo.prestart`
     does, once its host is up."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
+    env = {**os.environ, **CHILD_ENV, **(env or {})}
     with open(log, "w") as err:
         return subprocess.Popen(
             [sys.executable, *argv],
@@ -99,4 +101,4 @@ def set_session_nice(nice: int) -> None:
         pass
 
 
-__all__ = ["current_session_nice", "lower_priority", "set_session_nice", "spawn"]
+__all__ = ["CHILD_ENV", "current_session_nice", "lower_priority", "set_session_nice", "spawn"]

@@ -11,6 +11,7 @@ says why). The first learner and the rollout peers start beside the host (:mod:`
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -33,11 +34,26 @@ STOP_GRACE = 60.0  # seconds a child gets to finish after SIGTERM
 
 
 class Child:
-    def __init__(self, name: str, argv: list[str], logs: Path, module: str = "peer.cli", session_nice: int = 0):
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        logs: Path,
+        module: str = "peer.cli",
+        session_nice: int = 0,
+        forked: str | None = None,
+    ):
+        """``python -m MODULE ARGV``; ``forked``: instead, this process forks a child of that name that runs
+        :func:`peer.demo.prestart.main` with ``argv`` (``module`` must then be :data:`PRESTART`)."""
         self.name = name
         self.log = logs / f"{name}.log"
         self.summary = logs / f"{name}.json"
         self._terminated = False
+        if forked is not None:
+            from peer.demo.prestart import fork
+
+            self.process = fork(argv, self.log, self.summary, forked)
+            return
         with open(self.summary, "w") as out:
             self.process = spawn(["-m", module, *argv], self.log, stdout=out, session_nice=session_nice)
 
@@ -115,9 +131,11 @@ class LocalSwarm:
 
     def start(self, timeout: float = 180.0) -> LocalSwarm:
         """Start the host, and beside it the first learner and the rollout peers (:mod:`peer.demo.prestart`: they
-        import their libraries while the host starts, then take its address from its info file); once the host is
-        up, the team's other learners, ``LEARNER_STAGGER`` s apart."""
-        from peer.demo.prestart import CREDENTIAL, JOIN  # not at the top: the package would import what it runs
+        import their libraries while the host starts, or are forked from this process once it has imported them,
+        then take the host's address from its info file); once the host is up, the team's other learners,
+        ``LEARNER_STAGGER`` s apart."""
+        from peer.demo.prestart import CREDENTIAL, JOIN, ROLE_MODULES, can_fork  # not at the top: the package
+        # would import what it runs
 
         self.logs.mkdir(parents=True, exist_ok=True)
         info_file = self.root / "info.json"
@@ -126,13 +144,21 @@ class LocalSwarm:
             "host", [*host, "--info-file", str(info_file), *self.host_args], self.logs, module=self.module
         )
         early = [str(info_file), str(timeout), self.module]
+        forking = can_fork()
+        if forking:  # while the host imports its own: once here for every early child (the demo needs them too)
+            for command, count in (("learn", self.learner_count), ("join", self.rollout_count)):
+                if count:
+                    importlib.import_module(ROLE_MODULES[command])
+
+        def early_child(name: str, argv: list[str]) -> Child:
+            how = {"forked": f"hivegrpo-{argv[0]}"} if forking else {"session_nice": PRESTART_NICE}
+            return Child(name, [*early, *argv], self.logs, module=PRESTART, **how)
+
         if self.learner_count:
-            argv = [*early, *self._learn(0, [JOIN], CREDENTIAL)]
-            self.learners.append(Child(_learner(0), argv, self.logs, module=PRESTART, session_nice=PRESTART_NICE))
+            self.learners.append(early_child(_learner(0), self._learn(0, [JOIN], CREDENTIAL)))
         for i in range(self.rollout_count):
-            argv = self._join(f"rollout-{i + 1}", [JOIN], self.rollout_args[i] if i < len(self.rollout_args) else [])
-            child = Child(f"rollout-{i + 1}", [*early, *argv], self.logs, module=PRESTART, session_nice=PRESTART_NICE)
-            self.rollouts.append(child)
+            extra = self.rollout_args[i] if i < len(self.rollout_args) else []
+            self.rollouts.append(early_child(f"rollout-{i + 1}", self._join(f"rollout-{i + 1}", [JOIN], extra)))
         deadline = time.monotonic() + timeout
         while not info_file.exists():
             if not self.host.alive or time.monotonic() > deadline:

@@ -4,8 +4,8 @@ With ``HIVEGRPO_COUNT_REQUESTS=DIR`` in a peer's environment, its DHT process (`
 its node's ``call_store``, ``call_find`` and ``call_ping`` and counts each request it sends under the side-channel
 call that caused it and the kind of key that call was about (``out:call_find<_store_file:holders_N``: a lookup
 before a holder record's store; ``<hivemind``: hivemind's own, such as routing-table refreshes). Every second it
-writes the counts so far, with its parent's command line, to ``DIR/<pid>.json``. Every request a node sends is one
-that another node serves, so the outgoing counts of all processes are the swarm's whole DHT traffic.
+writes the counts so far, with its parent's command line and name, to ``DIR/<pid>.json``. Every request a node
+sends is one that another node serves, so the outgoing counts of all processes are the swarm's whole DHT traffic.
 ``python -m tests.benchmarks.requests`` runs the demo so and prints the table (docs/benchmarks.md).
 """
 
@@ -77,14 +77,24 @@ def install(node, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     try:
         parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        parent_name = Path(f"/proc/{os.getppid()}/comm").read_text(errors="replace").strip()
     except OSError:
-        parent = []
+        parent, parent_name = [], ""
 
     async def dump() -> None:
         path, tmp = out / f"{os.getpid()}.json", out / f".{os.getpid()}.json.tmp"
         while True:
             await asyncio.sleep(DUMP_EVERY)
-            tmp.write_text(json.dumps({"pid": os.getpid(), "parent": [p for p in parent if p], "counts": _counts}))
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "pid": os.getpid(),
+                        "parent": [p for p in parent if p],
+                        "parent_name": parent_name,
+                        "counts": _counts,
+                    }
+                )
+            )
             tmp.replace(path)
 
     _tasks.append(asyncio.ensure_future(dump()))

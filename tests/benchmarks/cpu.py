@@ -1,10 +1,10 @@
 """CPU seconds by process of a command and everything it starts, sampled from /proc every second.
 
 Each process is labelled by what it is: a hivegrpo role by its sub-command (``join`` → rollout, ``learn``, ``host``,
-``demo``), a helper process by the name the peer gives it (``hivegrpo-dht``, ``hivegrpo-publis``) under its
-parent's label, ``p2pd`` under the label of the peer whose DHT process started it (``rollout 1 p2pd``), or as
-itself. A process's CPU is its last sample (user + system), so a process that ends
-between two samples loses at most its last second::
+``demo``) or, forked by the demo, by its name (``hivegrpo-join``), a helper process by the name the peer gives it
+(``hivegrpo-dht``, ``hivegrpo-publis``) under its parent's label, ``p2pd`` under the label of the peer whose DHT
+process started it (``rollout 1 p2pd``), or as itself. A process's CPU is its last sample (user + system), so a
+process that ends between two samples loses at most its last second::
 
     python -m tests.benchmarks.cpu --out cpu.json -- hivegrpo demo --json --report-dir /tmp/demo
 """
@@ -30,8 +30,8 @@ def label(process: psutil.Process, labels: dict[int, str]) -> str:
         name, cmdline, parent = process.name(), process.cmdline(), process.ppid()
     except psutil.Error:
         return "?"
-    if name.startswith("hivegrpo-"):
-        return f"{labels.get(parent, '?')} {name.removeprefix('hivegrpo-')}"
+    if name.startswith("hivegrpo-"):  # a role forked from the demo (hivegrpo-join), or a peer's helper process
+        return role_of([], name) or f"{labels.get(parent, '?')} {name.removeprefix('hivegrpo-')}"
     if name == "p2pd" or any(part.endswith("p2pd") for part in cmdline[:1]):
         owner = labels.get(parent, "")  # a DHT process starts its node's daemon: name it after that peer
         return f"{owner.removesuffix(' dht')} p2pd" if owner.endswith(" dht") else "p2pd"
@@ -44,8 +44,11 @@ def label(process: psutil.Process, labels: dict[int, str]) -> str:
     return role_of(cmdline) or name
 
 
-def role_of(cmdline: list[str]) -> str | None:
-    """The hivegrpo role a command line runs (``rollout`` for ``hivegrpo join ...``), or None."""
+def role_of(cmdline: list[str], name: str = "") -> str | None:
+    """The hivegrpo role a command line runs (``rollout`` for ``hivegrpo join ...``), or that a process ``name``
+    says (``hivegrpo-join``: forked by the demo, with the demo's command line), or None."""
+    if name.removeprefix("hivegrpo-") in ROLES and name.startswith("hivegrpo-"):
+        return ROLES[name.removeprefix("hivegrpo-")]
     start = 1
     if PRESTART in cmdline:  # python -m peer.demo.prestart INFO TIMEOUT MODULE COMMAND ...: the demo's early child
         start = cmdline.index(PRESTART) + 4

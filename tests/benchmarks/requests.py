@@ -33,7 +33,9 @@ def merge(folder: Path) -> dict[str, dict[str, int]]:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        found.append((int(data["pid"]), role_of(data.get("parent", [])) or "?", data["counts"]))
+        found.append(
+            (int(data["pid"]), role_of(data.get("parent", []), data.get("parent_name", "")) or "?", data["counts"])
+        )
     seen: Counter = Counter()
     out = {}
     for _, role, counts in sorted(found):

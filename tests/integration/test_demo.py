@@ -18,18 +18,21 @@ from tests.helpers.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 
-def _run_watching_tree(argv: list[str], logs: Path, timeout: float) -> tuple[int, str, str, set[int]]:
-    """Run ``argv`` (stdout and stderr to files in ``logs``); also return every PID ever in its process tree."""
+def _run_watching_tree(argv: list[str], logs: Path, timeout: float) -> tuple[int, str, str, dict[int, str]]:
+    """Run ``argv`` (stdout and stderr to files in ``logs``); also return every PID ever in its process tree, with
+    the name it last had."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out, err = logs / "demo.out", logs / "demo.err"
-    seen: set[int] = set()
+    seen: dict[int, str] = {}
     with open(out, "w") as o, open(err, "w") as e:
         proc = subprocess.Popen(argv, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env)
     deadline = time.time() + timeout
     try:
         while proc.poll() is None and time.time() < deadline:  # a census every 0.5 s while it runs
             with contextlib.suppress(psutil.NoSuchProcess):
-                seen.update(p.pid for p in psutil.Process(proc.pid).children(recursive=True))
+                for p in psutil.Process(proc.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        seen[p.pid] = p.name()
             time.sleep(0.5)
     finally:
         if proc.poll() is None:
@@ -59,9 +62,11 @@ def test_demo_runs_a_local_swarm_reports_it_and_saves_an_adapter_that_evaluates_
     assert code == 0, err[-4000:]
     summary = json.loads(out.strip().splitlines()[-1])
 
-    # the whole swarm was real processes: host, learner, two rollout peers (each with its DHT), and all are gone
+    # the whole swarm was real processes: host, learner, two rollout peers (each with its DHT), and all are gone;
+    # the learner and the rollout peers were forked from the demo once it had imported their libraries
     assert len(tree) >= 8, tree
-    wait_until(lambda: _still_running(tree) == [], "every process of the demo's tree to exit", 10)
+    assert {"hivegrpo-learn", "hivegrpo-join"} <= set(tree.values()), tree
+    wait_until(lambda: _still_running(set(tree)) == [], "every process of the demo's tree to exit", 10)
 
     assert summary["stopped_by"] == "time limit"
     assert 55 <= summary["seconds"] < 55 + 60

@@ -159,6 +159,8 @@ class FakeProcess:
             "learner",
         ),
         (FakeProcess("hivegrpo", ["hivegrpo", "demo", "--json"]), "demo"),
+        (FakeProcess("hivegrpo-join", ["hivegrpo", "demo", "--json"], ppid=13), "rollout"),  # forked by the demo
+        (FakeProcess("hivegrpo-learn", ["python", "-m", "tests.benchmarks.learning"], ppid=13), "learner"),
         (FakeProcess("hivegrpo-dht", ["python3", "-m", "peer.cli", "join"], ppid=10), "rollout 1 dht"),
         (FakeProcess("hivegrpo-publis", ["python3", "-m", "peer.cli", "join"], ppid=11), "learner 1 publis"),
         (FakeProcess("hivegrpo-dht", ["python3"], ppid=99), "? dht"),
@@ -170,7 +172,7 @@ class FakeProcess:
     ],
 )
 def test_label(process, expected):
-    assert label(process, {10: "rollout 1", 11: "learner 1", 12: "rollout 1 dht"}) == expected
+    assert label(process, {10: "rollout 1", 11: "learner 1", 12: "rollout 1 dht", 13: "demo"}) == expected
 
 
 def test_by_label_adds_up_the_processes_of_one_label():

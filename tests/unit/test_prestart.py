@@ -39,3 +39,81 @@ def test_it_gives_up_when_the_process_that_started_it_is_gone(tmp_path):
     started = time.monotonic()
     assert wait_for(tmp_path / "never.json", 30, os.getppid() + 1) is None, "another parent: the demo left"
     assert time.monotonic() - started < 5
+
+
+FORKING_PARENT = r"""
+import json, os, signal, subprocess, sys, tempfile, threading, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import torch
+from peer.demo.prestart import can_fork, fork
+
+out = Path(sys.argv[1])
+info = out / "info.json"
+info.write_text(json.dumps({"coordinator": "c0ffee", "initial_peers": [], "learner_credential": "cred"}))
+kept = tempfile.TemporaryDirectory(dir=out)  # the parent's: the child's exit must not delete it
+assert can_fork(), "a fresh process with one thread may fork"
+argv = [str(info), "30", "forked_probe", "@host:learner-credential", "x"]
+child = fork(argv, out / "c.log", out / "c.json", "hivegrpo-probe")
+code = child.wait(60)
+sleeper = fork([str(info), "30", "forked_sleeper"], out / "s.log", out / "s.json", "hivegrpo-sleep")
+try:
+    sleeper.wait(0.5)
+    timed_out = False
+except subprocess.TimeoutExpired:
+    timed_out = True
+sleeper.send_signal(signal.SIGTERM)
+stopped = sleeper.wait(30)
+sleeper.send_signal(signal.SIGTERM)  # after it was reaped: nothing is sent, nothing raises
+threading.Thread(target=time.sleep, args=(2,)).start()
+print(json.dumps({"code": code, "kept": Path(kept.name).is_dir(), "timed_out": timed_out, "stopped": stopped,
+                  "with_a_thread": can_fork()}))
+"""
+
+PROBE = r"""
+import atexit, json, os, signal, sys, threading, time
+from pathlib import Path
+out = Path(__file__).parent
+print(json.dumps({
+    "argv": sys.argv[1:],
+    "session_leader": os.getsid(0) == os.getpid(),
+    "name": Path(f"/proc/{os.getpid()}/comm").read_text().strip(),
+    "mkl": os.environ.get("MKL_NUM_THREADS"),
+    "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+    "stdin": sys.stdin.read(),
+}))
+print("to the log", file=sys.stderr)
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+threading.Thread(target=lambda: (time.sleep(0.3), (out / "thread").write_text("done"))).start()
+sys.exit(7)
+"""
+
+
+def test_a_forked_child_runs_the_command_as_a_fresh_peer_would_and_exits_as_the_interpreter_would(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "forked_probe.py").write_text(PROBE)
+    (tmp_path / "forked_sleeper.py").write_text("import time\ntime.sleep(60)\n")
+    done = subprocess.run(
+        [sys.executable, "-c", FORKING_PARENT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "3"},  # the child takes one
+    )
+    assert done.returncode == 0, done.stderr
+    parent = json.loads(done.stdout.strip().splitlines()[-1])
+    assert parent == {"code": 7, "kept": True, "timed_out": True, "stopped": -15, "with_a_thread": False}
+    child = json.loads((tmp_path / "c.json").read_text())
+    assert child == {
+        "argv": ["cred", "x"],  # the placeholder became the host's credential
+        "session_leader": True,
+        "name": "hivegrpo-probe",
+        "mkl": "1",
+        "sigterm_default": True,
+        "stdin": "",
+    }
+    assert "to the log" in (tmp_path / "c.log").read_text()
+    assert (tmp_path / "thread").read_text() == "done", "its threads finish before it exits"
+    assert (tmp_path / "atexit").read_text() == "ran", "its own exit handlers run"

@@ -47,15 +47,17 @@ def test_a_call_is_tagged_by_its_function_and_the_kinds_of_its_keys(tmp_path):
 
 
 def test_the_counts_are_merged_under_each_peers_role_numbered_by_process_id(tmp_path):
-    def write(pid, parent, counts):
-        (tmp_path / f"{pid}.json").write_text(json.dumps({"pid": pid, "parent": parent, "counts": counts}))
+    def write(pid, parent, counts, name=None):
+        data = {"pid": pid, "parent": parent, "counts": counts} | ({"parent_name": name} if name else {})
+        (tmp_path / f"{pid}.json").write_text(json.dumps(data))
 
     join = ["python", "-m", "peer.demo.prestart", "/t/info.json", "180", "peer.cli", "join", "--json"]
     write(30, join, {"out:call_store<_store_file:bucket_N": 5, "out:call_find<hivemind": 1, "call:_store_file": 2})
     write(20, join, {"out:call_store<_store_file:bucket_N": 7})
     write(40, ["python", "-m", "peer.cli", "host", "--run-id", "x"], {"out:call_ping<hivemind": 3})
+    write(45, ["hivegrpo", "demo", "--json"], {"out:call_ping<hivemind": 4}, name="hivegrpo-learn")  # demo-forked
     (tmp_path / ".50.json.tmp").write_text("{half")
     merged = merge(tmp_path)
-    assert list(merged) == ["rollout 1", "rollout 2", "host"]
+    assert list(merged) == ["rollout 1", "rollout 2", "host", "learner 1"]
     assert merged["rollout 1"] == {"out:call_store<_store_file:bucket_N": 7}, "the lower process id is rollout 1"
     assert outgoing(merged["rollout 2"]) == 6, "side-channel calls are not requests to other nodes"
