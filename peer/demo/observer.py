@@ -4,7 +4,7 @@ It starts like any peer (:func:`peer.run.session.open_session`: manifest, base m
 adapter), takes the newest version when it is about to evaluate (:meth:`Observer.catch_up`: one read of the
 announcements through an :class:`~peer.run.adapters.AdapterFollower`, the blob over P2P from the learner or a
 holder, checked against the announced sha256), and reads what the swarm publishes about itself: the heartbeats
-(rollout peers' throughput) and the learners' :class:`~peer.protocol.MetricsRecord`.
+(rollout peers' throughput) and the admitted learners' :class:`~peer.protocol.MetricsRecord`.
 
 It only reads, so its DHT node runs in client mode: it serves no DHT requests, holds no replicas, is pushed no
 announcements and lists itself as the holder of no adapter. It fetches a version only when it evaluates (every
@@ -22,6 +22,7 @@ from pathlib import Path
 from peer.closers import Closers
 from peer.log import get_logger
 from peer.network.swarm import NetworkConfig
+from peer.protocol import MetricsRecord, RecordError, from_dht_value, metrics_key, parse_owner_subkey
 
 logger = get_logger(__name__)
 
@@ -33,6 +34,24 @@ class Snapshot:
     adapter_version: int
     learner: dict | None  # the newest MetricsRecord, as a dict
     rollout: dict[str, float] = field(default_factory=dict)  # peer id -> groups/s from its heartbeat
+
+
+def newest_metrics(found: dict, admitted: dict) -> MetricsRecord | None:
+    """The newest of the ``MetricsRecord`` entries ``found`` (a DHT dictionary: owner subkey → value) that an
+    admitted learner signed about itself (``admitted``: signer key → :class:`~peer.network.admission.Admission`);
+    anyone can write the key, so the others, and what does not parse, are skipped."""
+    newest = None
+    for subkey, item in found.items():
+        try:
+            owner, record = parse_owner_subkey(subkey), from_dht_value(MetricsRecord, item.value)
+        except (RecordError, ValueError):
+            continue
+        admission = admitted.get(owner)
+        if admission is None or admission.peer_id != record.learner:
+            continue
+        if newest is None or record.version > newest.version:
+            newest = record
+    return newest
 
 
 class Observer:
@@ -86,17 +105,9 @@ class Observer:
 
     def snapshot(self) -> Snapshot:
         from peer.network.heartbeat import live_peers
-        from peer.protocol import MetricsRecord, RecordError, from_dht_value, metrics_key
 
         s = self.session
-        newest = None
-        for item in s.swarm.get_dict(metrics_key(s.spec.run_id), narrow=True).values():  # its 2 nearest replicas
-            try:
-                record = from_dht_value(MetricsRecord, item.value)
-            except (RecordError, ValueError):
-                continue
-            if newest is None or record.version > newest.version:
-                newest = record
+        newest = newest_metrics(s.swarm.get_dict(metrics_key(s.spec.run_id), narrow=True), s.admitted.learners())
         group = s.spec.sampling.group_size
         rollout = {
             p.record.peer_id: p.record.throughput / group for p in live_peers(s.swarm, "rollout", include_leaving=True)
