@@ -151,6 +151,11 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
     import os
     from pathlib import Path
 
+    from peer.children import CHILD_ENV
+
+    # one torch thread in every process of the demo, its own too; more in the environment would make importing torch
+    # start a thread, and a process with two threads does not fork its peers (peer.demo.prestart.can_fork)
+    os.environ.update(CHILD_ENV)
     use_threads(1)
     from peer.demo import DemoConfig, run_demo
 

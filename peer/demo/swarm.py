@@ -149,6 +149,7 @@ class LocalSwarm:
             for command, count in (("learn", self.learner_count), ("join", self.rollout_count)):
                 if count:
                     importlib.import_module(ROLE_MODULES[command])
+            forking = can_fork()  # no import started a thread
 
         def early_child(name: str, argv: list[str]) -> Child:
             how = {"forked": f"hivegrpo-{argv[0]}"} if forking else {"session_nice": PRESTART_NICE}

@@ -117,3 +117,36 @@ def test_a_forked_child_runs_the_command_as_a_fresh_peer_would_and_exits_as_the_
     assert "to the log" in (tmp_path / "c.log").read_text()
     assert (tmp_path / "thread").read_text() == "done", "its threads finish before it exits"
     assert (tmp_path / "atexit").read_text() == "ran", "its own exit handlers run"
+
+
+DEMO_WITH_THREADS_IN_THE_ENVIRONMENT = r"""
+import importlib, json, os
+import peer.cli  # imports no torch (peer.demo would)
+
+def threads_then_stop(n, _original=peer.cli.use_threads):  # where the demo imports torch, then what it forks after
+    _original(n)
+    from peer.demo.prestart import ROLE_MODULES, can_fork
+
+    for module in ROLE_MODULES.values():
+        importlib.import_module(module)
+    print(json.dumps({"omp": os.environ["OMP_NUM_THREADS"], "can_fork": can_fork()}), flush=True)
+    os._exit(0)
+
+peer.cli.use_threads = threads_then_stop
+peer.cli.main(["demo", "--json"])
+"""
+
+
+def test_the_demo_keeps_one_thread_so_that_it_can_fork_its_peers_whatever_the_environment_says():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", DEMO_WITH_THREADS_IN_THE_ENVIRONMENT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},  # importing torch with 2 starts a thread
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"omp": "1", "can_fork": True}
