@@ -10,15 +10,15 @@ autogroup back to nice 0 (its threads were never niced), puts what it says in pl
 ``python -m MODULE ARG...`` (``peer.cli``, or a benchmark's harness) in this process. It exits with code 3, saying
 why, when the file does not come within ``TIMEOUT`` s or the process that started it is gone.
 
-**Forked** (:func:`fork`), when the process that starts the swarm (the demo, which imports the same libraries for
-its own evaluations) has no other thread: it imports the roles' modules once, beside the host, then forks each early
-child, which runs :func:`main` as above without importing anything again. Each import cost ~5 s of CPU on the
-demo's machine, four times; forked, once (docs/demo.md, "Start-up"). A forked child is a new session with its stdin,
-stdout and stderr as a spawned one's, one torch thread, its own name (``hivegrpo-join``, ``hivegrpo-learn``), the
-default signal handlers; it exits as the interpreter would (the command's exit code, once its threads are done and
-the exit handlers have run: those the libraries registered on import, as a fresh process's would, and its own; not
-the parent's finalizers, such as the one that deletes the swarm's temporary folder), and its parent waits for it
-(:class:`Forked`).
+**Forked** (:func:`fork`), when the process that starts the swarm (the demo, which imports the same libraries for its
+own evaluations) has no other thread: it imports the roles' modules once, beside the host, then forks each early child,
+which runs :func:`main` as above without importing anything again. The libraries cost ~5 s of CPU to import on the
+demo's machine in each process; forked, the demo's import serves its children too (docs/demo.md, "Start-up"). A forked
+child is a new session with its stdin, stdout and stderr as a spawned one's, one torch thread, its own name
+(``hivegrpo-join``, ``hivegrpo-learn``), the default signal handlers; it exits as the interpreter would (the command's
+exit code, once its threads are done and the exit handlers have run: those the libraries registered on import, as a
+fresh process's would, and its own; not the parent's finalizers, such as the one that deletes the swarm's temporary
+folder), and its parent waits for it (:class:`Forked`).
 """
 
 from __future__ import annotations

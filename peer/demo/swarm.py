@@ -134,8 +134,8 @@ class LocalSwarm:
         import their libraries while the host starts, or are forked from this process once it has imported them,
         then take the host's address from its info file); once the host is up, the team's other learners,
         ``LEARNER_STAGGER`` s apart."""
-        from peer.demo.prestart import CREDENTIAL, JOIN, ROLE_MODULES, can_fork  # not at the top: the package
-        # would import what it runs
+        # not at the top: the package would import what it runs
+        from peer.demo.prestart import CREDENTIAL, JOIN, ROLE_MODULES, can_fork
 
         self.logs.mkdir(parents=True, exist_ok=True)
         info_file = self.root / "info.json"
