@@ -22,15 +22,13 @@ from peer.protocol import (
     LearnerRecord,
     ManifestRecord,
     MetricsRecord,
-    RecordError,
     adapter_key,
     credit_key,
-    from_dht_value,
     key_fingerprint,
     learners_key,
     manifest_key,
     metrics_key,
-    parse_owner_subkey,
+    owned_records,
 )
 
 ROLES = ("coordinator", "learner", "rollout")  # the roles status lists as peers; others (observers) are counted
@@ -42,13 +40,7 @@ LIVE = ("starting", "running")  # the states status counts as live ("silent" and
 
 
 def _records(swarm, key: str, cls) -> list[tuple[bytes, Any]]:
-    out = []
-    for subkey, item in swarm.get_dict(key).items():
-        try:
-            out.append((parse_owner_subkey(subkey), from_dht_value(cls, item.value)))
-        except (RecordError, ValueError):
-            continue  # every peer's validator refuses these on store; a reader skips what still slips through
-    return out
+    return owned_records(swarm.get_dict(key), cls)
 
 
 def read_status(swarm, coordinator: str | None = None) -> dict[str, Any]:

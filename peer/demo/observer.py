@@ -22,7 +22,7 @@ from pathlib import Path
 from peer.closers import Closers
 from peer.log import get_logger
 from peer.network.swarm import NetworkConfig
-from peer.protocol import MetricsRecord, RecordError, from_dht_value, metrics_key, parse_owner_subkey
+from peer.protocol import MetricsRecord, metrics_key, owned_records
 
 logger = get_logger(__name__)
 
@@ -41,11 +41,7 @@ def newest_metrics(found: dict, admitted: dict) -> MetricsRecord | None:
     admitted learner signed about itself (``admitted``: signer key → :class:`~peer.network.admission.Admission`);
     anyone can write the key, so the others, and what does not parse, are skipped."""
     newest = None
-    for subkey, item in found.items():
-        try:
-            owner, record = parse_owner_subkey(subkey), from_dht_value(MetricsRecord, item.value)
-        except (RecordError, ValueError):
-            continue
+    for owner, record in owned_records(found, MetricsRecord):
         admission = admitted.get(owner)
         if admission is None or admission.peer_id != record.learner:
             continue

@@ -66,7 +66,7 @@ from peer.protocol.limits import (
     MAX_TALLIED,
     RUN_ID_PATTERN,
 )
-from peer.protocol.serialization import from_dht_value, pack, to_dht_value, unpack
+from peer.protocol.serialization import from_dht_value, owned_records, pack, to_dht_value, unpack
 from peer.protocol.version import PROTOCOL_VERSION, check_protocol_version
 
 __all__ = [
@@ -97,6 +97,7 @@ __all__ = [
     "peer_name_problem",
     "split_batches",
     "from_dht_value",
+    "owned_records",
     "pack",
     "to_dht_value",
     "unpack",

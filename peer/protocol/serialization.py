@@ -5,6 +5,7 @@
 * :func:`to_dht_value` / :func:`from_dht_value` — the plain value handed to ``hivemind.DHT.store`` (a dict of
   builtins; hivemind msgpacks it) and read back from ``DHT.get``. :func:`to_dht_value` measures the value exactly
   as the DHT will serialize it and refuses it, before it reaches hivemind, when it is over the DHT limit.
+* :func:`owned_records` — the ``(owner, record)`` pairs of a DHT dictionary whose subkeys are owner subkeys.
 
 Reading is as strict as every peer's DHT validator: a record must carry this peer's protocol version, every field
 (optional ones as ``None``), no unknown field, and values that need no type conversion (``3.0`` is not an int,
@@ -13,12 +14,14 @@ Reading is as strict as every peer's DHT validator: a record must carry this pee
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import msgpack
 import pydantic.v1 as pydantic
 
 from peer.protocol.errors import RecordError
+from peer.protocol.keys import parse_owner_subkey
 from peer.protocol.limits import MAX_DHT_VALUE_BYTES, check_value_size
 from peer.protocol.version import check_protocol_version
 
@@ -93,6 +96,19 @@ def from_dht_value(cls: type[R], value: Any) -> R:
             "(e.g. 3.0 for an int), which the protocol does not allow; it is refused."
         )
     return record
+
+
+def owned_records(found: Mapping, cls: type[R]) -> list[tuple[bytes, R]]:
+    """``(owner public key, record)`` of every entry of ``found`` (a DHT dictionary, owner subkey → value with
+    expiration) whose subkey is an owner subkey and whose value is a well-formed ``cls``; the others are skipped
+    (every peer's validator refuses them on store, a reader skips what still slips through)."""
+    out = []
+    for subkey, item in found.items():
+        try:
+            out.append((parse_owner_subkey(subkey), from_dht_value(cls, item.value)))
+        except (RecordError, ValueError):
+            continue
+    return out
 
 
 MAX_CONTAINERS = 1024  # arrays and maps in one packed record (a GroupBatch allows more: its max_containers)

@@ -43,12 +43,10 @@ from peer.log import get_logger
 from peer.protocol import (
     Credit,
     CreditRecord,
-    RecordError,
     credit_key,
-    from_dht_value,
     key_fingerprint,
+    owned_records,
     owner_subkey,
-    parse_owner_subkey,
     peer_name_problem,
     to_dht_value,
 )
@@ -322,13 +320,7 @@ class CreditTable:
 def read_credits(swarm) -> list[tuple[bytes, CreditRecord]]:
     """Every well-formed credit record under ``{run}_credit``, with its signer (admitted or not: see
     :func:`admitted_credits`)."""
-    out = []
-    for subkey, item in swarm.get_dict(credit_key(swarm.run_id)).items():
-        try:
-            out.append((parse_owner_subkey(subkey), from_dht_value(CreditRecord, item.value)))
-        except (RecordError, ValueError):
-            continue  # every peer's validator refuses these on store
-    return out
+    return owned_records(swarm.get_dict(credit_key(swarm.run_id)), CreditRecord)
 
 
 def admitted_credits(swarm, admitted) -> list[tuple[bytes, CreditRecord]]:

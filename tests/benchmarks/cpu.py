@@ -47,7 +47,7 @@ def label(process: psutil.Process, labels: dict[int, str]) -> str:
 def role_of(cmdline: list[str], name: str = "") -> str | None:
     """The hivegrpo role a command line runs (``rollout`` for ``hivegrpo join ...``), or that a process ``name``
     says (``hivegrpo-join``: forked by the demo, with the demo's command line), or None."""
-    if name.removeprefix("hivegrpo-") in ROLES and name.startswith("hivegrpo-"):
+    if name.startswith("hivegrpo-") and name.removeprefix("hivegrpo-") in ROLES:
         return ROLES[name.removeprefix("hivegrpo-")]
     start = 1
     if PRESTART in cmdline:  # python -m peer.demo.prestart INFO TIMEOUT MODULE COMMAND ...: the demo's early child
