@@ -202,7 +202,9 @@ def _merge(source: Source, out: Path) -> None:
     from peer.model.loading import load_base
 
     name = str(source.folder) if source.folder is not None else source.base_model
-    base = load_base(ModelConfig(name=name, quantization=source.quantization, device="cpu", dtype="float32"))
+    base = load_base(
+        ModelConfig(name=name, quantization=source.quantization, device="cpu", dtype="float32"), unpack=False
+    )
     model = base.model
     if source.quantization != "none":  # float32 weights as the swarm saw them (bitsandbytes' own de-quantization;
         model = model.dequantize()  # transformers drops the config's quantization_config with it)

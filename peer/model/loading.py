@@ -7,6 +7,10 @@ samples only LoRA adapters on top. Two bitsandbytes facts shape this module (see
   irreversibly, after which LoRA gradients through it are silently lost. :func:`disable_cpu_weight_repacking`
   switches that path off on every 4-bit layer before any forward; it is applied unconditionally.
 * 8-bit matmuls on CPU warn on every call; that one warning is filtered.
+* On CPU, a ``Linear4bit`` de-quantizes its whole weight at every forward, then multiplies in the compute dtype.
+  With float32 compute, :func:`unpack_4bit` does that de-quantization once at load (every ``Linear4bit`` becomes a
+  ``Linear`` holding exactly those float32 values): the same logits and LoRA gradients, bit for bit, in ~20 % less
+  time per forward, for 8x the weights' memory. :func:`load_base` does it when the copy fits (:func:`unpack_room`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class LoadedBase:
     device: torch.device
     quantization: str
     dtype: torch.dtype = torch.float32  # the compute dtype of the forward passes
+    unpacked: bool = False  # the 4-bit weights are held de-quantized (float32, the same values): unpack_4bit
 
 
 def bundled_path() -> Path:
@@ -122,6 +127,60 @@ def disable_cpu_weight_repacking(model: torch.nn.Module) -> int:
     return count
 
 
+UNPACK_SHARE = 4  # without --max-memory, the unpacked copy may add at most a quarter of the available RAM
+
+
+def unpack_bytes(model: torch.nn.Module) -> int:
+    """Bytes the 4-bit weights of ``model`` would take held in float32."""
+    import bitsandbytes as bnb
+
+    return sum(m.in_features * m.out_features * 4 for m in model.modules() if isinstance(m, bnb.nn.Linear4bit))
+
+
+def unpack_room(model: torch.nn.Module, max_memory: int | None) -> str | None:
+    """None if the float32 copy of ``model``'s 4-bit weights fits, else why not: with ``max_memory`` (a rollout
+    peer's ``--max-memory``), the unpacked model may take at most half of it (the rest is its batches'); without,
+    the copy may take at most a quarter of the RAM available now."""
+    from peer.model.memory import mib, model_bytes
+
+    need = unpack_bytes(model)
+    if max_memory is not None:
+        after = model_bytes(model) + need
+        if after > max_memory // 2:
+            return f"unpacked, the model would take {mib(after)}, more than half of --max-memory {mib(max_memory)}"
+        return None
+    import psutil
+
+    available = psutil.virtual_memory().available
+    if need > available // UNPACK_SHARE:
+        return f"the float32 copy ({mib(need)}) would take more than a quarter of the available {mib(available)}"
+    return None
+
+
+def unpack_4bit(model: torch.nn.Module) -> int:
+    """Replace every ``Linear4bit`` of ``model`` by a frozen float32 ``Linear`` holding its weight de-quantized by
+    bitsandbytes, as its CPU forward de-quantizes it at every call; returns how many. Only for float32 compute on
+    CPU, where the results are the same bit for bit (bfloat16 ones differ, and run no faster)."""
+    import bitsandbytes as bnb
+
+    count = 0
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, bnb.nn.Linear4bit):
+            continue
+        weight = bnb.functional.dequantize_4bit(module.weight.data, module.weight.quant_state).to(torch.float32)
+        with torch.device("meta"):
+            linear = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+        linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+        if module.bias is not None:
+            linear.bias = torch.nn.Parameter(module.bias.data.to(torch.float32), requires_grad=False)
+        model.set_submodule(name, linear)
+        count += 1
+    quantizer = getattr(model, "hf_quantizer", None)
+    if count and quantizer is not None:  # a plain float32 model now (transformers' own dequantize() does the same)
+        quantizer.remove_quantization_config(model)
+    return count
+
+
 def load_tokenizer(source: str, revision: str | None = None) -> PreTrainedTokenizerBase:
     tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
     if tokenizer.pad_token_id is None:
@@ -130,8 +189,12 @@ def load_tokenizer(source: str, revision: str | None = None) -> PreTrainedTokeni
     return tokenizer
 
 
-def load_base(config: ModelConfig) -> LoadedBase:
-    """Load the frozen base model and its tokenizer as ``config`` says."""
+def load_base(config: ModelConfig, *, unpack: bool = True, max_memory: int | None = None) -> LoadedBase:
+    """Load the frozen base model and its tokenizer as ``config`` says.
+
+    An nf4 base computing in float32 on CPU is unpacked (:func:`unpack_4bit`) when ``unpack`` and the copy fits
+    (:func:`unpack_room`, ``max_memory`` being a rollout peer's ``--max-memory``); the numbers are the same.
+    """
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     source = resolve_source(config.name)
@@ -151,7 +214,17 @@ def load_base(config: ModelConfig) -> LoadedBase:
             "or a hub id this machine can download (check the network and the id's spelling)"
         ) from e
     disable_cpu_weight_repacking(model)
+    unpacked = False
+    if unpack and config.quantization == "nf4" and device.type == "cpu" and dtype == torch.float32:
+        why = unpack_room(model, max_memory)
+        if why is None:
+            unpacked = unpack_4bit(model) > 0
+        else:
+            logger.info("4-bit weights kept packed (slower on CPU): %s", why)
     model.requires_grad_(False)
     model.eval()
-    logger.info("loaded %s (%s, %s, %s)", config.name, config.quantization, str(dtype).removeprefix("torch."), device)
-    return LoadedBase(model, tokenizer, source, device, config.quantization, dtype)
+    held = ", unpacked to float32" if unpacked else ""
+    logger.info(
+        "loaded %s (%s%s, %s, %s)", config.name, config.quantization, held, str(dtype).removeprefix("torch."), device
+    )
+    return LoadedBase(model, tokenizer, source, device, config.quantization, dtype, unpacked)

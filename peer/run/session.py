@@ -60,6 +60,7 @@ class SessionConfig:
     learner_credential: str | None = None  # a learner's credential from the host (hgl1.…); learners must have one
     name: str | None = None  # the peer's --name, in its heartbeat (status, the credit table)
     max_upload: float | None = None  # bytes/s this peer's blob server sends at most (--max-upload); None: no limit
+    max_memory: int | None = None  # a rollout peer's --max-memory: bounds the base's unpacking (load_base)
 
     def __post_init__(self):
         if self.name is not None and (problem := peer_name_problem(self.name)) is not None:
@@ -217,7 +218,8 @@ def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
             quantization,
             manifest.model.quantization,
         )
-    base = load_base(ModelConfig(name=str(folder), quantization=quantization, device=c.device, dtype=c.dtype))
+    model_config = ModelConfig(name=str(folder), quantization=quantization, device=c.device, dtype=c.dtype)
+    base = load_base(model_config, max_memory=c.max_memory)
     session.model, session.tokenizer, session.device = attach_lora(base.model, spec.lora), base.tokenizer, base.device
     _load_newest_adapter(session)
     return session

@@ -20,12 +20,12 @@ from peer.model.sampling import encode_prompts, sample_groups
 PROMPTS = ["123+456=", "007+045=", "999+999=", "500+250="]
 
 
-def _base(quantization):
-    return load_base(ModelConfig(name="bundled", quantization=quantization, device="cpu"))
+def _base(quantization, unpack=True):
+    return load_base(ModelConfig(name="bundled", quantization=quantization, device="cpu"), unpack=unpack)
 
 
-def _lora_model(quantization, seed=0):
-    base = _base(quantization)
+def _lora_model(quantization, seed=0, unpack=True):
+    base = _base(quantization, unpack)
     return attach_lora(base.model, LoRAConfig(init_seed=seed)), base.tokenizer
 
 
@@ -62,7 +62,7 @@ def test_bundled_is_the_documented_tiny_llama():
 def test_quantized_base_is_really_quantized(quantization):
     import bitsandbytes as bnb
 
-    base = _base(quantization)
+    base = _base(quantization, unpack=False)
     layer_type = bnb.nn.Linear4bit if quantization == "nf4" else bnb.nn.Linear8bitLt
     layers = [m for m in base.model.modules() if isinstance(m, layer_type)]
     assert len(layers) == 3 * 7  # every attention and MLP projection
@@ -91,8 +91,8 @@ def test_generate_then_train_changes_lora_only(quantization):
 
 @pytest.mark.parametrize("quantization", ["nf4", "int8"])
 def test_lora_gradients_after_generate_equal_a_fresh_model(quantization):
-    fresh, tokenizer = _lora_model(quantization)
-    used, _ = _lora_model(quantization)
+    fresh, tokenizer = _lora_model(quantization, unpack=False)
+    used, _ = _lora_model(quantization, unpack=False)
     _make_lora_nonzero(fresh)
     _make_lora_nonzero(used)
     used.eval()
@@ -263,3 +263,92 @@ def test_importing_the_model_code_logs_no_failed_optional_kernel():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "gemm_4bit_forward" not in done.stderr and "another warning" in done.stderr, done.stderr[-2000:]
+
+
+def _grads_logits_and_samples(model, tokenizer):
+    _make_lora_nonzero(model, seed=11)
+    grads = _lora_grads(model, tokenizer)
+    model.eval()
+    with torch.no_grad():
+        logits = model(**tokenizer(PROMPTS, return_tensors="pt", padding=True)).logits
+    batch = sample_groups(
+        model,
+        tokenizer,
+        PROMPTS,
+        group_size=4,
+        max_new_tokens=6,
+        temperature=1.0,
+        device=torch.device("cpu"),
+        generator=torch.Generator().manual_seed(2),
+    )
+    return grads, logits, batch
+
+
+def test_an_nf4_base_computing_in_float32_on_cpu_is_unpacked_once_to_the_same_numbers():
+    """On CPU a ``Linear4bit`` de-quantizes its weight at every forward; an unpacked base holds those float32
+    values from the start, so the log-probs, samples and LoRA gradients are the packed base's, bit for bit."""
+    import bitsandbytes as bnb
+
+    packed, unpacked = _base("nf4", unpack=False), _base("nf4")
+    assert (packed.unpacked, unpacked.unpacked) == (False, True)
+    assert unpacked.quantization == "nf4", "the run's quantization is what the weights' values are"
+    assert not any(isinstance(m, bnb.nn.Linear4bit) for m in unpacked.model.modules())
+    assert getattr(unpacked.model.config, "quantization_config", None) is None
+    assert not any(p.requires_grad for p in unpacked.model.parameters())
+    layers = {n: m for n, m in packed.model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    assert len(layers) == 3 * 7
+    for name, layer in layers.items():
+        plain = unpacked.model.get_submodule(name)
+        assert type(plain) is torch.nn.Linear and plain.weight.dtype == torch.float32, name
+        assert torch.equal(plain.weight, bnb.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state))
+    a = attach_lora(packed.model, LoRAConfig())
+    b = attach_lora(unpacked.model, LoRAConfig())
+    assert adapter_to_bytes(a) == adapter_to_bytes(b), "the adapter's layout does not depend on how the base is held"
+    (ga, la, sa), (gb, lb, sb) = _grads_logits_and_samples(a, packed.tokenizer), _grads_logits_and_samples(
+        b, unpacked.tokenizer
+    )
+    assert set(ga) == set(gb) and len(ga) == 3 * 7 * 2
+    assert all(torch.equal(ga[n], gb[n]) for n in ga), "a LoRA gradient differs"
+    assert torch.equal(la, lb), "the logits differ"
+    assert torch.equal(sa.completion_ids, sb.completion_ids) and torch.equal(sa.logprobs, sb.logprobs)
+
+
+@pytest.mark.parametrize(
+    "quantization, dtype, unpack", [("nf4", "bfloat16", True), ("int8", "float32", True), ("nf4", "float32", False)]
+)
+def test_a_base_stays_packed_where_unpacking_would_change_its_numbers_or_is_declined(quantization, dtype, unpack):
+    """bitsandbytes' bfloat16 and int8 CPU paths round differently from a float32 matmul: those stay as they are."""
+    config = ModelConfig(name="bundled", quantization=quantization, device="cpu", dtype=dtype)
+    base = load_base(config, unpack=unpack)
+    assert not base.unpacked
+    assert any(type(m).__module__.startswith("bitsandbytes") for m in base.model.modules())
+
+
+def test_a_base_stays_packed_when_the_float32_copy_would_not_fit(monkeypatch, caplog):
+    """With --max-memory the unpacked model may take half of it; without, the copy a quarter of the available RAM.
+    Either way a base that does not fit loads packed, says why, and works."""
+    import logging
+    from types import SimpleNamespace
+
+    import psutil
+
+    from peer.model.loading import unpack_bytes
+
+    config = ModelConfig(name="bundled", quantization="nf4", device="cpu")
+    need = unpack_bytes(_base("nf4", unpack=False).model)
+    assert need == 3 * (4 * 128 * 128 + 3 * 128 * 512) * 4
+    assert load_base(config, max_memory=64 * 2**20).unpacked
+    with caplog.at_level(logging.INFO, logger="hivegrpo.model.loading"):
+        tight = load_base(config, max_memory=2 * need)
+    assert not tight.unpacked and "more than half of --max-memory" in caplog.text
+    real = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=4 * need - 4))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hivegrpo.model.loading"):
+        short = load_base(config)
+    assert not short.unpacked and "more than a quarter of the available" in caplog.text
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=4 * need))
+    assert load_base(config).unpacked
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real)
+    model = attach_lora(short.model, LoRAConfig())
+    assert _sft_loss(model, short.tokenizer).isfinite()
