@@ -304,8 +304,9 @@ def test_an_nf4_base_computing_in_float32_on_cpu_is_unpacked_once_to_the_same_nu
     a = attach_lora(packed.model, LoRAConfig())
     b = attach_lora(unpacked.model, LoRAConfig())
     assert adapter_to_bytes(a) == adapter_to_bytes(b), "the adapter's layout does not depend on how the base is held"
-    (ga, la, sa), (gb, lb, sb) = _grads_logits_and_samples(a, packed.tokenizer), _grads_logits_and_samples(
-        b, unpacked.tokenizer
+    (ga, la, sa), (gb, lb, sb) = (
+        _grads_logits_and_samples(a, packed.tokenizer),
+        _grads_logits_and_samples(b, unpacked.tokenizer),
     )
     assert set(ga) == set(gb) and len(ga) == 3 * 7 * 2
     assert all(torch.equal(ga[n], gb[n]) for n in ga), "a LoRA gradient differs"
