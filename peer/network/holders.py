@@ -41,6 +41,7 @@ logger = get_logger(__name__)
 HOLDER_TTL = 20.0  # s a holder record lives (the newest versions matter; older ones are superseded in seconds)
 HOLDERS_WANTED = 8  # a peer lists itself only while fewer holders of the version are listed
 HOLDER_REPLICAS = 2  # nodes a holder record is stored on: the 2 nearest, which a narrow read asks
+HOLDERS_FIRST_FOR = 16  # versions a follower reads holders first (and lists itself) after a provider refused it
 
 
 def read_holders(swarm, version: int, sha256: str, size: int) -> list[str]:
@@ -84,6 +85,33 @@ class BadHolders:
             return at is not None
 
 
+class HolderUse:
+    """Whether a follower reads a version's holders before asking its announcers, and lists itself once it has it.
+
+    Where the learner's seeding covers every fetcher (a swarm of at most ``SEED_COPIES`` followers, like the demo's)
+    no fetch is ever refused, so the holders key is read and written for nothing: in the demo that was ~580 of a
+    rollout peer's ~1,550 DHT requests a minute. So a follower asks the announcers first and lists nothing until a
+    provider refuses it (``seeded``, ``busy``: more fetchers than seeds); from then on, for ``versions`` versions
+    past the one refused, it reads the holders first and lists itself, as every follower did before. A refused
+    fetch reads the holders in its next rounds either way (:func:`peer.run.adapters.fetch_adapter`).
+
+    Only refusals switch it, and a refusal only brings back the full use: a stranger can make honest followers use
+    the holders key more, never less.
+    """
+
+    def __init__(self, versions: int = HOLDERS_FIRST_FOR):
+        self.versions = versions
+        self.until = -1  # the last version read holders-first
+        self.refusals = 0
+
+    def first(self, version: int) -> bool:
+        return version <= self.until
+
+    def refused(self, version: int) -> None:
+        self.refusals += 1
+        self.until = max(self.until, version + self.versions)
+
+
 def advertise(swarm, version: int, sha256: str, size: int, ttl: float = HOLDER_TTL) -> bool:
     """Say that this peer holds and serves adapter ``version`` (``sha256``, ``size`` bytes) for ``ttl`` seconds."""
     now = time.time()
@@ -96,4 +124,13 @@ def advertise(swarm, version: int, sha256: str, size: int, ttl: float = HOLDER_T
     )[0]
 
 
-__all__ = ["HOLDERS_WANTED", "HOLDER_REPLICAS", "HOLDER_TTL", "BadHolders", "advertise", "read_holders"]
+__all__ = [
+    "HOLDERS_FIRST_FOR",
+    "HOLDERS_WANTED",
+    "HOLDER_REPLICAS",
+    "HOLDER_TTL",
+    "BadHolders",
+    "HolderUse",
+    "advertise",
+    "read_holders",
+]

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from peer.errors import UserError
 from peer.log import get_logger
-from peer.network.holders import HOLDERS_WANTED, BadHolders, advertise, read_holders
+from peer.network.holders import HOLDERS_WANTED, BadHolders, HolderUse, advertise, read_holders
 from peer.protocol import (
     MAX_PROVIDERS,
     AdapterRecord,
@@ -229,6 +229,7 @@ def fetch_adapter(
     *,
     holders: Callable[[], Sequence[str]] | None = None,
     bad=None,
+    refused: Callable[[], None] | None = None,
     patience: float = PATIENCE,
     clock=time.monotonic,
     sleep=time.sleep,
@@ -245,7 +246,7 @@ def fetch_adapter(
     provider that failed otherwise is not asked again, and a holder that failed is added to ``bad`` (a
     :class:`~peer.network.holders.BadHolders`: not asked for a while, by any fetch). Then the peers ``others()``
     names (PeerIDs: the run's live peers). ``progress(done, total)`` is called as bytes arrive (``done`` restarts
-    at 0 with each provider).
+    at 0 with each provider). ``refused()`` is called after each round in which a provider answered "later".
 
     :raises BlobUnavailable: nobody delivered; the message says what each provider did.
     """
@@ -282,6 +283,8 @@ def fetch_adapter(
             hinted = list(dict.fromkeys(e.hints + hinted))[:MAX_HINTED]
             later = {p for p, why in e.reasons.items() if _retry_later(why)}
             failed |= set(e.reasons) - later
+            if later and refused is not None:
+                refused()
             if bad is not None:
                 bad.add(p for p in asked if p in failed)
             if not later or clock() >= deadline:
@@ -314,31 +317,55 @@ def fetch_version(
     bad=None,
     *,
     list_self: bool = True,
-) -> tuple[bytes, int]:
+    use: HolderUse | None = None,
+) -> tuple[bytes, int | None]:
     """:func:`fetch_adapter` of an announced version, its listed holders first (``bad``: see there); the blob, and
-    how many holders were listed when it came. With ``list_self``, this peer then lists itself (:func:`say_held`)."""
+    how many holders were listed when it came (None: not read). With ``list_self``, this peer then lists itself
+    (:func:`say_held`). With ``use`` (a follower's :class:`~peer.network.holders.HolderUse`), the holders are read
+    first only as it says, or once a provider refused this fetch, and the refusal is told to it."""
     listed: list[str] = []
+    read = [False]  # whether the holders key was read in this fetch
+    told: list[bool] = []
 
     def holders() -> list[str]:
+        if use is not None and not use.first(found.version):
+            return []  # the announcers first: no provider refused this follower lately (nor in this fetch)
+        read[0] = True
         try:
             listed[:] = read_holders(swarm, found.version, found.sha256, found.size)
         except Exception as e:  # the network boundary: fetch from the announcers then
             logger.debug("could not read the holders of v%d: %s", found.version, e)
         return listed
 
+    def refused() -> None:
+        if use is not None and not told:
+            told.append(True)
+            use.refused(found.version)
+
     blob = fetch_adapter(
-        blobs, found.sha256, found.size, found.providers, others, timeout, progress, holders=holders, bad=bad
+        blobs,
+        found.sha256,
+        found.size,
+        found.providers,
+        others,
+        timeout,
+        progress,
+        holders=holders,
+        bad=bad,
+        refused=refused,
     )
     if getattr(blobs, "seeding", None) is not None:
         blobs.seeding.pass_on(found.sha256)  # served to a couple of peers at a time (see Seeding)
+    count = len(listed) if read[0] else None
     if list_self:
-        say_held(swarm, blobs, found, len(listed))
-    return blob, len(listed)
+        say_held(swarm, blobs, found, count)
+    return blob, count
 
 
-def say_held(swarm, blobs, found: Announcement, listed: int) -> None:
-    """List this peer as a holder of ``found`` if it serves blobs and fewer than ``HOLDERS_WANTED`` were listed."""
-    if serves(swarm, blobs) and listed < HOLDERS_WANTED:
+def say_held(swarm, blobs, found: Announcement, listed: int | None) -> None:
+    """List this peer as a holder of ``found`` if it serves blobs and fewer than ``HOLDERS_WANTED`` were listed
+    (``listed`` None: the holders were not read, nobody refused this follower lately, so nobody reads them)."""
+    if serves(swarm, blobs) and listed is not None and listed < HOLDERS_WANTED:
         try:
             advertise(swarm, found.version, found.sha256, found.size)
         except Exception as e:  # the network boundary: the version still spreads from the others
@@ -402,6 +429,7 @@ class AdapterFollower:
         self._demand_of: tuple[int, str, float] | None = None
         self.received = Received()  # adapter bytes fetched over the network
         self.bad = BadHolders()  # holders that failed this peer lately
+        self.holder_use = HolderUse()  # whether to read a version's holders first (and list itself): after refusals
         self.fetches = 0  # adapter versions fetched
         self.fetched_at: tuple[int, float] = (-1, 0.0)  # (version, wall time) of the newest fetch made ready
         self._ready: tuple[Announcement, bytes] | None = None
@@ -475,7 +503,15 @@ class AdapterFollower:
             )
         self.received.next_transfer()
         blob, listed = fetch_version(
-            self.swarm, self.blobs, found, self.others, self.fetch_timeout, self.received, self.bad, list_self=False
+            self.swarm,
+            self.blobs,
+            found,
+            self.others,
+            self.fetch_timeout,
+            self.received,
+            self.bad,
+            list_self=False,
+            use=self.holder_use,
         )
         self.fetches += 1
         if self.check is not None and (why := self.check(blob)) is not None:

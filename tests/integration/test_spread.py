@@ -390,6 +390,43 @@ def test_a_follower_lists_itself_after_a_fetch_while_few_holders_are_listed(peer
     assert len(full.records[holders_key("run", 7)]) == HOLDERS_WANTED  # enough were listed: it did not add itself
 
 
+def test_a_follower_nobody_refused_asks_the_announcers_first_and_lists_nothing_until_a_refusal(peer_ids):
+    """Where the learner's seeding covers every follower, the holders key is neither read nor written; a refusal
+    ("seeded": more followers than seeds) brings both back for the next HOLDERS_FIRST_FOR versions."""
+    from peer.network.holders import HOLDERS_FIRST_FOR, HolderUse
+
+    swarm = HolderSwarm(RSAPrivateKey(), "run", peer_id="QmMe")
+    _holder(swarm, RSAPrivateKey(), "QmH", version=7)
+    use = HolderUse()
+    blobs = FakeBlobs({"L": None, "QmH": None})
+    blobs.server = object()
+    swarm.reads = 0
+    assert fetch_version(swarm, blobs, Announcement(7, SHA, 1000, ("L",), 1), None, 1.0, use=use) == (b"blob", None)
+    assert blobs.calls == [["L"]] and swarm.reads == 0, "the holders key was read though nobody refused"
+    assert len(swarm.records[holders_key("run", 7)]) == 1, "listed itself though nobody reads the listing"
+
+    class Seeded(FakeBlobs):  # the learner seeded v8 to two others and names one of them
+        def fetch(self, sha, size, order, **kw):
+            try:
+                return super().fetch(sha, size, order, **kw)
+            except BlobUnavailable as e:
+                raise BlobUnavailable("nobody", e.reasons, ["QmH"]) from None
+
+    _holder(swarm, RSAPrivateKey(), "QmH", version=8)
+    blobs = Seeded({"L": "answered: seeded: blob went to 2 peers already", "QmH": None})
+    blobs.server = object()
+    got = fetch_version(swarm, blobs, Announcement(8, SHA, 1000, ("L",), 1), None, 1.0, use=use)
+    assert got == (b"blob", 1) and blobs.calls[0] == ["L"] and blobs.calls[-1][0] == "QmH"
+    assert swarm.reads == 1 and use.refusals == 1 and use.first(8 + HOLDERS_FIRST_FOR)
+    assert len(swarm.records[holders_key("run", 8)]) == 2, "refused, it lists itself for the next fetchers"
+    _holder(swarm, RSAPrivateKey(), "QmH", version=9)
+    blobs = FakeBlobs({"L": None, "QmH": None})
+    blobs.server = object()
+    assert fetch_version(swarm, blobs, Announcement(9, SHA, 1000, ("L",), 1), None, 1.0, use=use) == (b"blob", 1)
+    assert blobs.calls == [["QmH", "L"]] and swarm.reads == 2, "after a refusal the holders come first"
+    assert not use.first(9 + HOLDERS_FIRST_FOR) and use.refusals == 1
+
+
 # --- a real swarm: one announcer, four followers, each a DHT process of its own ---------------------------------
 
 
@@ -408,7 +445,10 @@ def _held_everywhere(pending: list, version: int, blob: bytes) -> bool:
 
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-def test_in_a_swarm_the_announcer_sends_each_version_twice_and_the_followers_pass_it_on(tmp_path):
+@pytest.mark.parametrize("n", [2, 4])
+def test_in_a_swarm_the_announcer_sends_each_version_twice_and_the_followers_pass_it_on(tmp_path, n):
+    """Four followers: two get each version from the learner, two from them. Two: both from the learner, and the
+    holders key is never read nor written (nobody is refused)."""
     import contextlib
     import hashlib
 
@@ -424,7 +464,7 @@ def test_in_a_swarm_the_announcer_sends_each_version_twice_and_the_followers_pas
         served = stack.enter_context(BlobService(learner.dht, BlobCache(tmp_path / "learner")))
         served.seeding.grace = 60.0  # the bound must not depend on how fast this machine is today
         followers = []
-        for i in range(4):
+        for i in range(n):
             swarm = stack.enter_context(join(NetworkConfig.loopback(learner.visible_maddrs()), "spread"))
             service = stack.enter_context(BlobService(swarm.dht, BlobCache(tmp_path / f"f{i}")))
             follower = AdapterFollower(swarm, service, 0, interval=0.2, held_sha="")
@@ -437,6 +477,11 @@ def test_in_a_swarm_the_announcer_sends_each_version_twice_and_the_followers_pas
             wait_until(reached, f"v{version} at every follower", 60, interval=0.05)
         assert served.served_bytes <= 2 * size * len(blobs), "the learner sent a version more than twice"
         passed_on = sum(service.served_bytes for _, service, _ in followers)
-        assert passed_on >= (4 - 2) * size * len(blobs), "the followers did not pass the versions on"
-        listed = read_holders(followers[0][0], 4, shas[3], size)
-        assert 1 <= len(listed) <= HOLDERS_WANTED and str(followers[0][0].peer_id) not in listed
+        assert passed_on >= (n - 2) * size * len(blobs), "the followers did not pass the versions on"
+        refusals = [follower.holder_use.refusals for _, _, follower in followers]
+        listed = [read_holders(learner, v, shas[v - 1], size) for v in range(1, len(blobs) + 1)]
+        if n == 2:
+            assert refusals == [0, 0] and listed == [[]] * len(blobs), "holders listed where the seeds reach all"
+        else:
+            assert sum(refusals) >= 2, "four followers, two seeds: the other two were refused each version"
+            assert all(1 <= len(ids) <= HOLDERS_WANTED for ids in listed[1:]), listed
