@@ -224,6 +224,45 @@ def test_finished_rows_leave_the_batch_and_change_nobodys_tokens(model, tokenize
     assert "logits_to_keep" in compact.calls[0][1], "the prefill asks for the last position's logits only"
 
 
+@pytest.mark.parametrize("copyable", [True, False])
+def test_a_groups_prompt_is_computed_once_and_its_rows_sample_as_if_each_had_its_own(
+    model, tokenizer, monkeypatch, copyable
+):
+    """``sample_groups`` runs the prefill on each distinct prompt and copies its KV-cache rows to the group's G
+    rows: the tokens are those of decoding the G copies of every prompt (the loop before), the log-probs the same
+    to float32 rounding. A cache whose rows cannot be copied gets every row's own prefill, as before."""
+    import peer.model.sampling as sampling
+
+    if not copyable:
+        monkeypatch.setattr(sampling, "_repeat_rows", lambda cache, repeats: None)
+    options = {"max_new_tokens": 8, "temperature": 1.5, "device": torch.device("cpu")}
+    recorder = _Recorder(model)
+    grouped = sample_groups(
+        recorder, tokenizer, PROMPTS, group_size=4, generator=torch.Generator().manual_seed(7), **options
+    )
+    ids, mask = encode_prompts(tokenizer, [p for p in PROMPTS for _ in range(4)], torch.device("cpu"))
+    each = decode(
+        model,
+        ids,
+        mask,
+        max_new_tokens=8,
+        eos_id=end_token_ids(model, tokenizer),
+        pad_id=tokenizer.pad_token_id,
+        temperature=1.5,
+        generator=torch.Generator().manual_seed(7),
+    )
+    assert torch.equal(grouped.prompt_ids, each.prompt_ids) and torch.equal(grouped.prompt_mask, each.prompt_mask)
+    assert torch.equal(grouped.completion_ids, each.completion_ids)
+    assert torch.equal(grouped.completion_mask, each.completion_mask)
+    torch.testing.assert_close(grouped.logprobs, each.logprobs, rtol=0, atol=1e-5)
+    assert len({tuple(r) for r in grouped.completion_ids.tolist()}) > len(PROMPTS), "a group's rows differ"
+    prefills = [size for size, _ in recorder.calls[: 1 if copyable else 2]]
+    assert prefills == ([8] if copyable else [8, 32]), "the prompt's forward runs once per group (else per row)"
+    assert recorder.calls[1 if copyable else 2][0] <= 32
+    with pytest.raises(ValueError, match="repeats"):
+        decode(model, ids, mask, max_new_tokens=2, eos_id=2, pad_id=0, repeats=0)
+
+
 def test_sampling_is_reproducible_from_its_seed_with_a_template_and_stops(model, chat_tokenizer):
     prompt = PromptConfig(chat_template="auto", system_prompt="9", stop=["00"])
 
