@@ -127,7 +127,6 @@ def disable_cpu_weight_repacking(model: torch.nn.Module) -> int:
     return count
 
 
-UNPACK_SHARE = 4  # without --max-memory, the unpacked copy may add at most a quarter of the available RAM
 
 
 def unpack_bytes(model: torch.nn.Module) -> int:
@@ -138,23 +137,11 @@ def unpack_bytes(model: torch.nn.Module) -> int:
 
 
 def unpack_room(model: torch.nn.Module, max_memory: int | None) -> str | None:
-    """None if the float32 copy of ``model``'s 4-bit weights fits, else why not: with ``max_memory`` (a rollout
-    peer's ``--max-memory``), the unpacked model may take at most half of it (the rest is its batches'); without,
-    the copy may take at most a quarter of the RAM available now."""
-    from peer.model.memory import mib, model_bytes
+    """None if the float32 copy of ``model``'s 4-bit weights fits (:func:`peer.model.memory.room_for`), else why
+    not."""
+    from peer.model.memory import room_for
 
-    need = unpack_bytes(model)
-    if max_memory is not None:
-        after = model_bytes(model) + need
-        if after > max_memory // 2:
-            return f"unpacked, the model would take {mib(after)}, more than half of --max-memory {mib(max_memory)}"
-        return None
-    import psutil
-
-    available = psutil.virtual_memory().available
-    if need > available // UNPACK_SHARE:
-        return f"the float32 copy ({mib(need)}) would take more than a quarter of the available {mib(available)}"
-    return None
+    return room_for(model, unpack_bytes(model), max_memory)
 
 
 def unpack_4bit(model: torch.nn.Module) -> int:

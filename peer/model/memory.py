@@ -31,6 +31,7 @@ T = TypeVar("T")
 CPU_BATCH_CAP = 16  # prompts; on the bundled model (1 thread) 16 prompts x 8 reach 0.90x the rate of 64 prompts
 CUDA_BATCH_CAP = 64
 SAMPLED_PROMPTS = 8  # prompts rendered to find the longest one for the estimate
+COPY_SHARE = 4  # without --max-memory, a copy the model keeps (unpacked, merged) may take a quarter of the free RAM
 FLOAT32_VOCAB_COPIES = 8  # float32 [V] tensors per row around a decode step (measured: ~7 on CPU; row_bytes)
 
 _UNITS = {
@@ -75,6 +76,24 @@ def model_bytes(model) -> int:
     """Bytes of the model's parameters and buffers as held (a 4-bit weight counts its packed bytes)."""
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def room_for(model, need: int, max_memory: int | None) -> str | None:
+    """None if ``need`` more bytes held beside ``model`` fit, else why not: with ``max_memory`` (a rollout peer's
+    ``--max-memory``), the model with them may take at most half of it (the rest is its batches'); without, they may
+    take at most a quarter of the RAM available now (:data:`COPY_SHARE`). Unpacking a 4-bit base and keeping the
+    base weights of a merged LoRA ask this before they copy anything."""
+    if max_memory is not None:
+        after = model_bytes(model) + need
+        if after > max_memory // 2:
+            return f"the model would take {mib(after)}, more than half of --max-memory {mib(max_memory)}"
+        return None
+    import psutil
+
+    available = psutil.virtual_memory().available
+    if need > available // COPY_SHARE:
+        return f"a copy of {mib(need)} would take more than a quarter of the available {mib(available)}"
+    return None
 
 
 def row_bytes(config, dtype: torch.dtype, prompt_tokens: int, max_new_tokens: int) -> int:

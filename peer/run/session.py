@@ -92,6 +92,7 @@ class Session:
     revoked: str | None = None  # why this peer must stop: the host revoked its invite (private swarms)
     on_revoked: list = field(default_factory=list)  # what to call then (the role's request_stop)
     swap_seconds: list[float] = field(default_factory=list)
+    merged: object = None  # a sampler's LoRA held in its base weights (peer.model.merge.MergedLoRA): swaps refresh it
 
     def revoke(self, message: str) -> None:
         self.revoked = message
@@ -111,6 +112,8 @@ class Session:
         """
         start = time.perf_counter()
         load_adapter_bytes(self.model, blob, sha)
+        if self.merged is not None:
+            self.merged.refresh()
         held = sha256_hex(adapter_to_bytes(self.model))
         if held != sha:
             raise AdapterError(

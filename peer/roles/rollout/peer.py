@@ -47,6 +47,7 @@ from peer.model.memory import (
     mib,
     row_bytes,
 )
+from peer.model.merge import MergedLoRA
 from peer.model.sampling import Completions, encode_prompts, sample_groups
 from peer.network.swarm import NetworkConfig
 from peer.protocol import BUCKET_RING, GroupRecord, key_fingerprint
@@ -241,6 +242,7 @@ class RolloutPeer:
         self.swarm, self.blobs, self.heartbeat = session.swarm, session.blobs, session.heartbeat
         self.spec = session.spec
         self.model, self.tokenizer, self.device = session.model, session.tokenizer, session.device
+        session.merged = MergedLoRA.of(self.model, c.max_memory)  # before the batch size: its copy counts
         spec = self.spec
         self.batch_size = c.batch_size or self._auto_batch()
         self.max_inflight = c.max_inflight or 2 * spec.groups_per_version
