@@ -127,8 +127,6 @@ def disable_cpu_weight_repacking(model: torch.nn.Module) -> int:
     return count
 
 
-
-
 def unpack_bytes(model: torch.nn.Module) -> int:
     """Bytes the 4-bit weights of ``model`` would take held in float32."""
     import bitsandbytes as bnb
