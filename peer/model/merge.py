@@ -81,5 +81,13 @@ class MergedLoRA:
                 layer.merged_adapters = [name]  # peft's forward: a merged layer computes its base layer only
         self.refreshes += 1
 
+    def unmerge(self) -> None:
+        """Back to sampling through the LoRA layers: every base weight := its kept copy (:meth:`refresh` merges
+        again)."""
+        with torch.no_grad():
+            for layer in self.layers:
+                layer.get_base_layer().weight.copy_(getattr(layer, BUFFER))
+                layer.merged_adapters = []
+
 
 __all__ = ["BUFFER", "MergedLoRA"]

@@ -11,7 +11,12 @@ alternates rounds, each sampling the same batch of prompts x ``--group-size`` ro
 * **decode**: :func:`peer.model.sampling.sample_groups`, the rollout peer's loop (finished rows leave the batch,
   the prefill keeps the last logits only);
 * **decode, no compaction**: the same loop keeping finished rows in the batch (``compact=False``), to show what
-  dropping them is worth.
+  dropping them is worth;
+* **decode, every row's prefill**: the same loop given each prompt ``--group-size`` times (``decode`` with
+  ``repeats=1``: every row runs its own prompt's forward, as the loop did before a group's prompt was computed
+  once);
+* **decode, LoRA merged**: the loop as a rollout peer runs it where it can, with the LoRA update held in the base
+  weights (:class:`peer.model.merge.MergedLoRA`; float32 bases only, else this kind is left out).
 
 Completion tokens are counted the same way for all (up to and including each row's first end token). Reported per
 kind: the median tokens/s over its rounds, and the peak memory of a round (``torch.cuda.max_memory_allocated`` on
@@ -35,7 +40,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-KINDS = ("generate", "decode", "decode, no compaction")
+KINDS = ("generate", "decode", "decode, no compaction", "decode, every row's prefill", "decode, LoRA merged")
 
 
 def _reset_peak(device) -> None:
@@ -127,8 +132,9 @@ def main(argv=None) -> dict:
     from peer.model.adapter import attach_lora
     from peer.model.config import LoRAConfig, ModelConfig
     from peer.model.loading import load_base
+    from peer.model.merge import MergedLoRA
     from peer.model.prompts import end_token_ids
-    from peer.model.sampling import encode_prompts, sample_groups
+    from peer.model.sampling import decode, encode_prompts, sample_groups
     from peer.tasks import get_task
 
     base = load_base(
@@ -142,12 +148,32 @@ def main(argv=None) -> dict:
     ids, mask = encode_prompts(tokenizer, repeated, device, prompt)
     end_ids = end_token_ids(model, tokenizer)
     generator = torch.Generator(device=device)
+    merged = MergedLoRA.of(model)
+    kinds = KINDS if merged is not None else KINDS[:-1]
+    if merged is not None:
+        merged.unmerge()
 
     def run(kind: str, seed: int) -> int:
         if kind == "generate":
             torch.manual_seed(seed)
             return generate_round(model, tokenizer, ids, mask, args, end_ids)
         generator.manual_seed(seed)
+        if kind == "decode, every row's prefill":
+            batch = decode(
+                model,
+                ids,
+                mask,
+                max_new_tokens=args.max_new_tokens,
+                eos_id=end_ids,
+                pad_id=tokenizer.pad_token_id,
+                temperature=args.temperature,
+                generator=generator,
+                stop=prompt.stop,
+                tokenizer=tokenizer,
+            )
+            return int(batch.completion_mask.sum())
+        if kind == "decode, LoRA merged":
+            merged.refresh()
         batch = sample_groups(
             model,
             tokenizer,
@@ -158,16 +184,18 @@ def main(argv=None) -> dict:
             device=device,
             generator=generator,
             prompt=prompt,
-            compact=kind == "decode",
+            compact=kind != "decode, no compaction",
         )
+        if kind == "decode, LoRA merged":
+            merged.unmerge()
         return int(batch.completion_mask.sum())
 
-    for kind in KINDS:  # warm-up: one small round each, not counted
+    for kind in kinds:  # warm-up: one small round each, not counted
         run(kind, 10_000)
-    rates: dict[str, list[float]] = {k: [] for k in KINDS}
-    peaks: dict[str, list[int]] = {k: [] for k in KINDS}
+    rates: dict[str, list[float]] = {k: [] for k in kinds}
+    peaks: dict[str, list[int]] = {k: [] for k in kinds}
     for r in range(args.rounds):
-        for kind in KINDS:
+        for kind in kinds:
             before = _baseline(device)
             _reset_peak(device)
             start = time.perf_counter()
@@ -191,20 +219,20 @@ def main(argv=None) -> dict:
                 "rounds": [round(x, 1) for x in rates[k]],
                 "peak_mib": round(max(peaks[k]) / 2**20, 1),
             }
-            for k in KINDS
+            for k in kinds
         },
     }
     g = result["kinds"]["generate"]["tokens_per_s"]
-    for k in KINDS:
+    for k in kinds:
         result["kinds"][k]["vs_generate"] = round(result["kinds"][k]["tokens_per_s"] / g, 3) if g else None
     print(
         f"{args.model} ({args.quantization}, {result['dtype']}, {device}): {len(repeated)} rows, "
         f"prompts up to {result['prompt_tokens']} tokens, up to {args.max_new_tokens} new"
     )
-    print(f"{'kind':<24}{'tokens/s':>10}{'vs generate':>13}{'peak MiB':>10}")
-    for k in KINDS:
+    print(f"{'kind':<30}{'tokens/s':>10}{'vs generate':>13}{'peak MiB':>10}")
+    for k in kinds:
         v = result["kinds"][k]
-        print(f"{k:<24}{v['tokens_per_s']:>10.1f}{v['vs_generate']:>13.3f}{v['peak_mib']:>10.1f}")
+        print(f"{k:<30}{v['tokens_per_s']:>10.1f}{v['vs_generate']:>13.3f}{v['peak_mib']:>10.1f}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return result

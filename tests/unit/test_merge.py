@@ -90,6 +90,10 @@ def test_every_version_is_the_kept_base_plus_its_update_with_nothing_carried_ove
     load_adapter_bytes(unmerged, first)
     a, b = _sample(model, tokenizer), _sample(unmerged, tokenizer)
     assert torch.equal(a.completion_ids, b.completion_ids), "after 20 swaps it samples what the LoRA layers sample"
+    merged.unmerge()  # back through the LoRA layers: exactly the model that never merged
+    assert not any(layer.merged for layer in merged.layers)
+    c = _sample(model, tokenizer)
+    assert torch.equal(c.completion_ids, b.completion_ids) and torch.equal(c.logprobs, b.logprobs)
 
 
 @pytest.mark.parametrize(
