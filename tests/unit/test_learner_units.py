@@ -245,6 +245,32 @@ def test_the_pool_keeps_a_bounded_number_per_peer(setup):
     assert sorted(a.group.seq for a in it.pool[A]) == list(range(3, bound + 3)), "the oldest surplus goes"
 
 
+def test_spot_checks_wait_for_a_batch_or_a_second_whichever_comes_first(setup):
+    """One forward pass per version serves every due group of that version: the learner checks once
+    ``SPOT_CHECK_BATCH`` are due, or as soon as the first has waited ``SPOT_CHECK_WAIT`` s."""
+    from types import SimpleNamespace
+
+    from peer.roles.learner.peer import SPOT_CHECK_BATCH, SPOT_CHECK_WAIT, LearnerPeer
+
+    now = [100.0]
+    it = intake(setup, check_rate=1.0)
+    it.clock = lambda: now[0]
+    learner = SimpleNamespace(intake=it)
+    assert LearnerPeer._checks_due(learner) == SPOT_CHECK_BATCH > 1, "nothing due: nothing forces a check"
+    g0, g1 = setup.groups[A][:2]
+    it.add(entry(A, g0), 0)
+    now[0] += SPOT_CHECK_WAIT / 2
+    it.add(entry(A, g1), 0)
+    assert it.checks_waiting() == 2 and LearnerPeer._checks_due(learner) == SPOT_CHECK_BATCH
+    now[0] += SPOT_CHECK_WAIT / 2
+    assert LearnerPeer._checks_due(learner) == 1, "the first drawn has waited long enough: check what is due"
+    for a in it.pending_checks():
+        it.checked(a, None)
+    assert LearnerPeer._checks_due(learner) == SPOT_CHECK_BATCH
+    it.add(entry(A, setup.groups[A][2]), 0)
+    assert LearnerPeer._checks_due(learner) == SPOT_CHECK_BATCH, "the wait counts from the oldest still due"
+
+
 def test_spot_checked_groups_wait_for_their_check(setup):
     it = intake(setup, check_rate=1.0)
     g0, g1 = setup.groups[A][:2]

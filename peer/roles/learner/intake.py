@@ -138,6 +138,7 @@ class Intake:
         self.last_verified: dict[bytes, int] = {}  # signer -> newest version of a verified group
         self.last_arrival: dict[bytes, float] = {}  # signer -> clock() when its latest verified group came
         self._pending: list[Accepted] = []
+        self.pending_since = 0.0  # clock() when the oldest group now waiting for a check was drawn
         self.counts: Counter = Counter()  # ignored_banned, dropped_stale, checked, admitted
         self.rejected: Counter = Counter()  # reason -> groups
         self.rejected_by: Counter = Counter()  # signer -> groups refused
@@ -207,6 +208,8 @@ class Intake:
             return "no_signal"
         accepted = Accepted(owner, group)
         if self.check_rate and self.rng.random() < self.check_rate:
+            if not self._pending:
+                self.pending_since = self.clock()
             self._pending.append(accepted)
         else:
             self._admit(accepted)

@@ -80,7 +80,8 @@ from peer.run.session import Session, SessionConfig, default_cache_dir, open_ses
 
 logger = get_logger(__name__)
 
-SPOT_CHECK_BATCH = 4  # log-prob checks wait until this many are due (or the update needs them)
+SPOT_CHECK_BATCH = 16  # log-prob checks wait until this many are due (or the update needs them, or SPOT_CHECK_WAIT)
+SPOT_CHECK_WAIT = 1.0  # s the first group drawn for a check waits at most for others to share its forward passes
 DEMAND_WINDOW = 10.0  # s over which the consumption rate in the announcements is measured
 
 
@@ -374,7 +375,7 @@ class LearnerPeer:
             with self._phase("read"):
                 self._read(timeout=0.0)
             with self._phase("check"):
-                self._spot_check(minimum=SPOT_CHECK_BATCH)
+                self._spot_check(minimum=self._checks_due())
             with self._phase("take"):
                 chosen = intake.take(s.version)
             if chosen is None:
@@ -455,6 +456,14 @@ class LearnerPeer:
                 logger.warning("refused group %d.%d from %s: %s", f.version, f.seq, who, refused)
                 if not was_banned and f.owner in self.intake.banned:
                     logger.warning("banned %s for this run", who)
+
+    def _checks_due(self) -> int:
+        """How many groups must wait for a check before they are checked now: ``SPOT_CHECK_BATCH`` (one forward pass
+        per version then serves several groups), or any one once the first has waited ``SPOT_CHECK_WAIT`` s (a
+        forger's groups are found within about a second either way)."""
+        intake = self.intake
+        waited = intake.clock() - intake.pending_since
+        return 1 if intake.checks_waiting() and waited >= SPOT_CHECK_WAIT else SPOT_CHECK_BATCH
 
     def _spot_check(self, minimum: int = 1) -> None:
         """Recompute the behaviour log-probs of the sampled groups, each under the adapter version it claims, once
