@@ -23,7 +23,7 @@ from tests.helpers.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).parents[1]  # tests/
-FLOOD_RATE = 1500.0  # groups/s asked of the flooder; an honest rollout peer publishes ~10 a second here
+FLOOD_RATE = 1500.0  # groups/s asked of the flooder; an honest rollout peer publishes ~35 a second here
 CHECK_RATE = 0.25
 
 
@@ -71,6 +71,8 @@ def test_a_forger_and_a_flooder_are_banned_capped_and_cost_the_learner_no_memory
         return {fp["forger"], fp["flooder"]} <= banned
 
     wait_until(banned_both, "both liars banned", 200, [learner, honest, flooder])
+    checkers = [c for c in me.children() if c.name() == "hivegrpo-check"]
+    assert len(checkers) == 1, "the spot checks that banned the forger ran in the learner's checking process"
     # the flood goes on after its ban and must cost the learner nothing: its memory is sampled every second until
     # a minute into the run, a span of time measured rather than a condition awaited
     while time.monotonic() - started < 60:
@@ -98,9 +100,10 @@ def test_a_forger_and_a_flooder_are_banned_capped_and_cost_the_learner_no_memory
     assert {fp["forger"], fp["flooder"]} <= set(seen["banned"]), seen["banned"]
     assert fp["honest"] not in summary["banned"]
 
-    # the flood was a flood: over 100x what the honest peer published in the same run
+    # the flood was a flood: over 25x what the honest peer published in the same run (40x measured; 100x before the
+    # honest peer's sampling got 2.2x as fast, 2026-12-06)
     honest_rate = honest_summary["published"] / honest_summary["seconds"]
-    assert flood["rate"] >= 100 * honest_rate, (flood, honest_summary)
+    assert flood["rate"] >= 25 * honest_rate, (flood, honest_summary)
 
     lines = [line for line in read_ledger(ledger) if not line.get("no_signal")]
     ban_index = {

@@ -70,3 +70,47 @@ def test_teacher_forced_answers_are_refused_where_the_model_would_not_write_them
     refused = [r for r in found if r is not None]
     assert refused, "no teacher-forced group refused"
     assert all("not sampled from this adapter version" in r for r in refused), "only the sampling test can tell"
+
+
+def test_a_checking_process_gives_the_verdicts_of_a_check_on_the_loop(run):
+    """The learner's spot checks beside its updates (peer.roles.learner.checker): the verdicts a forked child
+    sends back are those of the same check on the learner's loop, under the LoRA tensors of the version each
+    submission names (sent once per version); a child that dies is said, and what it held comes back."""
+    import os
+    import signal
+
+    from peer.model.adapter import lora_parameters
+    from peer.roles.learner.checker import Checker, CheckerGone
+
+    spec, verifier = run[0], run[1]
+    honest = run[3][:8]
+    lies = bench.forged(run[3][8:16], "+0.3")
+    held = [p.detach().clone() for p in lora_parameters(verifier)]
+    other = [torch.zeros_like(t) if i % 2 else t for i, t in enumerate(held)]  # every LoRA B zero: the base alone
+    here = [str(r) for r in check_logprobs_many(verifier, honest + lies, spec)]
+    bench.set_lora(verifier, other)
+    here_other = [str(r) for r in check_logprobs_many(verifier, honest, spec)]
+    bench.set_lora(verifier, held)
+    assert here[:8] == ["None"] * 8 and all(r != "None" for r in here[8:]), "the check itself tells them apart"
+    assert here_other != ["None"] * 8, "the other version's tensors make other verdicts"
+    checker = Checker(verifier, spec, LogprobCheck())
+    try:
+        checker.submit(5, held, honest + lies, 4, "first")
+        checker.submit(6, other, honest, 4, "second")
+        checker.submit(5, other, honest, 5, "third")  # version 5 is held there: its tensors are not sent again
+        answered = []
+        while len(answered) < 3:
+            answered += checker.results(timeout=30.0)
+        assert [c for c, _ in answered] == ["first", "second", "third"] and checker.in_flight == 0
+        assert [str(r) for r in answered[0][1]] == here
+        assert [str(r) for r in answered[1][1]] == here_other
+        assert [str(r) for r in answered[2][1]] == here[:8]
+        os.kill(checker.pid, signal.SIGKILL)
+        checker._process.join(10)
+        with pytest.raises(CheckerGone):
+            checker.submit(6, other, honest, 5, "fourth")
+            checker.results(timeout=10.0)
+        assert checker.unanswered() in ([], ["fourth"])
+    finally:
+        checker.close()
+    assert all(torch.equal(p, t) for p, t in zip(lora_parameters(verifier), held, strict=True)), "ours untouched"

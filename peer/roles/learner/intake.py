@@ -228,6 +228,12 @@ class Intake:
         pending, self._pending = self._pending, []
         return [a for a in pending if a.owner not in self.banned]
 
+    def recheck(self, accepted: list[Accepted]) -> None:
+        """Groups handed out by :meth:`pending_checks` and not judged (their checker is gone): due again."""
+        if accepted and not self._pending:
+            self.pending_since = self.clock()
+        self._pending.extend(accepted)
+
     def checked(self, accepted: Accepted, refused: Refused | None) -> None:
         self.counts["checked"] += 1
         if refused is not None:

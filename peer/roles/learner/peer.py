@@ -51,6 +51,7 @@ from peer.protocol import (
     key_fingerprint,
 )
 from peer.protocol.limits import MAX_HISTORY, MAX_TALLIED
+from peer.roles.learner.checker import Checker, CheckerGone
 from peer.roles.learner.checkpoint import (
     append_journal,
     journal_chain,
@@ -82,6 +83,7 @@ logger = get_logger(__name__)
 
 SPOT_CHECK_BATCH = 16  # log-prob checks wait until this many are due (or the update needs them, or SPOT_CHECK_WAIT)
 SPOT_CHECK_WAIT = 1.0  # s the first group drawn for a check waits at most for others to share its forward passes
+CHECK_POLL = 0.02  # s between two looks for verdicts while an update waits on groups a check holds
 DEMAND_WINDOW = 10.0  # s over which the consumption rate in the announcements is measured
 
 
@@ -104,6 +106,7 @@ class LearnerConfig:
     max_grad_norm: float = 1.0
     share_cap: float = 0.5  # most of one update a single signer may give (when others contribute)
     check_rate: float = 0.1  # fraction of groups whose behaviour log-probs are recomputed
+    check_process: bool = True  # on CPU, spot checks run in a child process beside the updates (checker.py)
     logprob_tolerance: float = 0.05  # median |Δ| nats over a group's tokens; LogprobCheck.with_tolerance
     poll_interval: float = 0.25
     ledger: Path | None = None  # JSON lines: per version, the groups in its update and the metrics
@@ -197,6 +200,7 @@ class LearnerPeer:
         self.resumed_from: str = "swarm"
         self._checkpoint_after_start = False
         self.fetcher: Fetcher | None = None  # reads the buckets while this learner leads
+        self.checker: Checker | None = None  # spot checks beside the updates (CPU), else on the loop
         self.team = Teamwork(self)
         self.micro = MicroBatcher(config.micro_batch_tokens)  # halves (and keeps) its tokens when memory runs out
         self.credit = CreditTable()  # per contributor over the run (peer.run.credit); in checkpoints and journal
@@ -234,6 +238,10 @@ class LearnerPeer:
         if self._checkpoint_after_start:
             self.checkpoint()
         s.model.eval()
+        if c.check_rate > 0 and c.check_process and s.device.type == "cpu":  # no fork once CUDA is initialised
+            self.checker = Checker(s.model, spec, LogprobCheck.with_tolerance(c.logprob_tolerance))
+            self._closers.add(self.checker.close)
+            logger.info("spot checks run in process %d, beside the updates", self.checker.pid)
         self.store = DHTBucketStore(s.swarm, s.blobs, network_every=NETWORK_EVERY, fetch_workers=FETCH_WORKERS)
         self._closers.add(self.store.close)
         self._closers.add(self.stop_fetcher)
@@ -386,7 +394,11 @@ class LearnerPeer:
             if chosen is None:
                 with self._phase("wait"):
                     self.fetcher.wake()  # too few groups: read the buckets now, and wait for what comes
-                    self._read(timeout=c.poll_interval)
+                    if self.checker is not None and self.checker.in_flight:  # or for the verdicts on some
+                        self._collect_checks(timeout=CHECK_POLL)
+                        self._read(timeout=0.0)
+                    else:
+                        self._read(timeout=c.poll_interval)
                     self._redemand()
                 continue
             with self._phase("update"):
@@ -472,11 +484,16 @@ class LearnerPeer:
         An older version is visited by copying its LoRA tensors into the model and back (about a millisecond on the
         bundled model; loading and re-hashing the blob took 25 ms a visit): the bytes are this learner's own.
         """
+        self._collect_checks()
         if self.intake.checks_waiting() < minimum:
             return
         pending = self.intake.pending_checks()
         if not pending:
             return
+        if self.checker is not None:
+            pending = self._hand_checks_over(pending)
+            if not pending:
+                return
         s = self.session
         params = lora_parameters(s.model)
         try:
@@ -490,14 +507,58 @@ class LearnerPeer:
                 _copy_into(params, known[1])
                 these = [a for a in pending if a.group.version == version]
                 check = LogprobCheck.with_tolerance(self.config.logprob_tolerance)
-                for a, refused in zip(
-                    these, check_logprobs_many(s.model, [a.group for a in these], s.spec, check=check), strict=True
-                ):
-                    if refused is not None and a.owner not in self.intake.banned:
-                        logger.warning("banned %s for this run: %s", key_fingerprint(a.owner), refused)
-                    self.intake.checked(a, refused)
+                verdicts = check_logprobs_many(s.model, [a.group for a in these], s.spec, check=check)
+                for a, refused in zip(these, verdicts, strict=True):
+                    self._checked(a, refused)
         finally:
             _copy_into(params, self.state.window[s.version][1])
+
+    def _hand_checks_over(self, pending: list[Accepted]) -> list[Accepted]:
+        """Submit ``pending`` to the checking process, one submission per version; returns what is left to check
+        here (everything, once that process is gone)."""
+        window = self.state.window
+        versions = sorted({a.group.version for a in pending})
+        for i, version in enumerate(versions):
+            these = [a for a in pending if a.group.version == version]
+            known = window.get(version)
+            if known is None:  # too old to check any more: it will be dropped as stale
+                for a in these:
+                    self.intake.checked(a, None)
+                continue
+            try:
+                self.checker.submit(version, known[1], [a.group for a in these], min(window), these)
+            except CheckerGone as e:
+                self._checker_gone(e)
+                return [a for a in pending if a.group.version in versions[i:]]
+        return []
+
+    def _collect_checks(self, timeout: float = 0.0) -> None:
+        """Apply the verdicts the checking process sent since (waiting up to ``timeout`` s for the first)."""
+        if self.checker is None or not self.checker.in_flight:
+            return
+        try:
+            answered = self.checker.results(timeout)
+        except CheckerGone as e:
+            self._checker_gone(e)
+            return
+        for these, verdicts in answered:
+            for a, refused in zip(these, verdicts, strict=True):
+                if self.intake.known.get(a.group.version) != a.group.adapter_sha256:
+                    continue  # handed over before this learner took another lineage (a leader's state)
+                self._checked(a, refused)
+
+    def _checked(self, accepted: Accepted, refused: Refused | None) -> None:
+        if refused is not None and accepted.owner not in self.intake.banned:
+            logger.warning("banned %s for this run: %s", key_fingerprint(accepted.owner), refused)
+        self.intake.checked(accepted, refused)
+
+    def _checker_gone(self, error: CheckerGone) -> None:
+        """Check on the loop from now on; what the checking process held goes back to the intake's queue."""
+        checker, self.checker = self.checker, None
+        back = [a for these in checker.unanswered() for a in these]
+        self.intake.recheck(back)
+        logger.warning("%s; checking log-probs between updates from now on (%d group(s) again)", error, len(back))
+        checker.close(timeout=1.0)
 
     def _update(self, chosen: list[Accepted]) -> None:
         """Make version ``v + 1`` from ``chosen`` (its gradient computed in shares with the helpers, if any)."""

@@ -67,6 +67,9 @@ class Refused(str):
         value.reason = reason
         return value
 
+    def __reduce__(self):  # pickled as its two parts (the checking process sends verdicts back)
+        return Refused, (self.reason, str(self)[len(self.reason) + 2 :])
+
 
 def check_group(
     group: GroupRecord,

@@ -1,0 +1,161 @@
+"""The learner's log-prob spot checks in a child process, beside its updates (a learner on CPU).
+
+A spot check recomputes a sampled group's behaviour log-probs under the adapter version the group claims: one
+forward pass per version, which ran on the learner's loop between updates (7.7-11.5 s of the demo learner's 173 s;
+docs/learner.md). A child forked once the learner has started holds the model (the base's pages stay shared with
+the learner until either writes them; the LoRA tensors and activations are its own), receives each version's LoRA
+tensors once and the groups to check, and answers each submission with its groups' verdicts, in order. The loop
+hands checks over and collects verdicts without waiting, so the update goes on meanwhile; it waits on a verdict
+only when the next update needs the groups a check holds.
+
+Only on CPU: a process cannot be forked once CUDA is initialised (a GPU learner checks on its loop, as before).
+A child that dies is said once, and the learner checks on its loop from then on; the groups it held go back to
+the intake's queue of checks. The pipe is a socketpair made before the fork: its only two ends are the learner and
+its own child, so unpickling there is safe (nothing from the network reaches it; the groups were parsed and
+verified by the learner first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+from collections import deque
+
+import torch
+
+from peer.log import get_logger
+from peer.procname import name_process
+
+logger = get_logger(__name__)
+
+
+class CheckerGone(RuntimeError):
+    """The checker child ended unasked (or its pipe broke)."""
+
+
+class Checker:
+    """Spot checks in a child: :meth:`submit` a version's groups, :meth:`results` returns what was answered."""
+
+    def __init__(self, model, spec, check):
+        context = multiprocessing.get_context("fork")  # the child inherits the model, the spec and the thresholds
+        ours, theirs = context.Pipe()
+        self._process = context.Process(
+            target=_child, args=(theirs, ours, model, spec, check), name="spot-checker", daemon=True
+        )
+        quiet = {signal.SIGINT, signal.SIGTERM}  # a Ctrl-C in the child's first instants would kill it mid-start
+        masked = signal.pthread_sigmask(signal.SIG_BLOCK, quiet)
+        try:
+            self._process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
+        theirs.close()
+        self._conn = ours
+        self._held: set[int] = set()  # versions whose LoRA tensors the child holds
+        self._waiting: deque = deque()  # what each submission not yet answered carried (the caller's), in order
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, version: int, tensors: list[torch.Tensor], groups: list, keep_from: int, carried) -> None:
+        """Check ``groups`` (GroupRecords of adapter ``version``, whose LoRA tensors are ``tensors``); the child
+        forgets versions below ``keep_from``. ``carried`` comes back with the verdicts. Raises CheckerGone."""
+        send = None if version in self._held else [t.detach().cpu().numpy() for t in tensors]
+        self._held = {v for v in self._held if v >= keep_from} | {version}
+        try:
+            _put(self._conn, (version, send, groups, keep_from))
+        except (OSError, ValueError) as e:
+            raise CheckerGone(f"the spot-check process {self.pid} is gone ({e})") from e
+        self._waiting.append(carried)
+
+    def results(self, timeout: float = 0.0) -> list[tuple[object, list]]:
+        """``(carried, verdicts)`` of each submission answered since the last call, waiting up to ``timeout`` s for
+        the first one. Raises CheckerGone (the submissions not answered are :meth:`unanswered`), or RuntimeError
+        with what a check raised in the child."""
+        out = []
+        try:
+            while self._waiting and self._conn.poll(0.0 if out else timeout):
+                verdicts, error = _get(self._conn)
+                carried = self._waiting.popleft()
+                if error is not None:
+                    raise RuntimeError(f"a spot check failed in the checking process: {error}")
+                out.append((carried, verdicts))
+        except (EOFError, OSError) as e:
+            raise CheckerGone(
+                f"the spot-check process {self.pid} stopped unasked (exit code {self._process.exitcode})"
+            ) from e
+        return out
+
+    def unanswered(self) -> list:
+        """What the submissions not answered carried (once the child is gone), oldest first."""
+        carried, self._waiting = list(self._waiting), deque()
+        return carried
+
+    def close(self, timeout: float = 10.0) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            _put(self._conn, None)
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+
+
+def _put(conn, message) -> None:
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _get(conn):
+    """The next message from the other end (see the module docstring: only the learner and its child are there)."""
+    return pickle.loads(conn.recv_bytes())
+
+
+def _child(conn, parent_end, model, spec, check) -> None:
+    """Answer each ``(version, tensors or None, groups, keep_from)`` with ``(verdicts, None)``, or ``(None, error)``
+    when the check raised."""
+    from peer.model.adapter import lora_parameters
+    from peer.roles.learner.verify import check_logprobs_many
+
+    parent_end.close()  # only the parent holds it now: its exit ends our recv with EOFError
+    name_process("hivegrpo-check")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group; the parent says when to stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    torch.set_num_threads(1)
+    model.eval()
+    params = lora_parameters(model)
+    held: dict[int, list[torch.Tensor]] = {}
+    loaded = None  # the version whose tensors the model holds now
+    try:
+        while True:
+            message = _get(conn)
+            if message is None:
+                break
+            version, tensors, groups, keep_from = message
+            if tensors is not None:
+                held[version] = [torch.from_numpy(t) for t in tensors]
+            for v in [v for v in held if v < keep_from and v != version]:
+                del held[v]
+            try:
+                if loaded != version:
+                    with torch.no_grad():
+                        for p, t in zip(params, held[version], strict=True):
+                            p.copy_(t)
+                    loaded = version
+                answer = (check_logprobs_many(model, groups, spec, check=check), None)
+            except Exception as e:  # said to the parent, which raises it as its own check would have
+                answer = (None, f"{type(e).__name__}: {e}")
+            _put(conn, answer)
+    except (EOFError, OSError):
+        return  # the parent is gone
+
+
+__all__ = ["Checker", "CheckerGone"]
