@@ -8,6 +8,12 @@ tensors once and the groups to check, and answers each submission with its group
 hands checks over and collects verdicts without waiting, so the update goes on meanwhile; it waits on a verdict
 only when the next update needs the groups a check holds.
 
+The child runs in a session of its own at nice 5 (its threads and, where the kernel groups sessions for
+scheduling, its autogroup): in the learner's session it would halve the update's weight against the other
+sessions whenever both ran, and at nice 0 it would take the update's core as often as it got its own. The
+hand-over is a thread of the learner: a version's LoRA tensors (~280 KB on the bundled model) do not fit the pipe's
+buffer while the child checks the previous submission, and the loop must not wait for that.
+
 Only on CPU: a process cannot be forked once CUDA is initialised (a GPU learner checks on its loop, as before).
 A child that dies is said once, and the learner checks on its loop from then on; the groups it held go back to
 the intake's queue of checks. The pipe is a socketpair made before the fork: its only two ends are the learner and
@@ -21,7 +27,9 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+import queue
 import signal
+import threading
 from collections import deque
 
 import torch
@@ -30,6 +38,8 @@ from peer.log import get_logger
 from peer.procname import name_process
 
 logger = get_logger(__name__)
+
+CHECK_NICE = 5  # the checking process's nice value, and its session's (see the module docstring)
 
 
 class CheckerGone(RuntimeError):
@@ -55,6 +65,10 @@ class Checker:
         self._conn = ours
         self._held: set[int] = set()  # versions whose LoRA tensors the child holds
         self._waiting: deque = deque()  # what each submission not yet answered carried (the caller's), in order
+        self._outbox: queue.Queue = queue.Queue()
+        self._broken: BaseException | None = None  # why the hand-over thread could not send
+        self._sender = threading.Thread(target=self._send, name="spot-check-sender", daemon=True)
+        self._sender.start()
 
     @property
     def pid(self) -> int | None:
@@ -67,19 +81,32 @@ class Checker:
     def submit(self, version: int, tensors: list[torch.Tensor], groups: list, keep_from: int, carried) -> None:
         """Check ``groups`` (GroupRecords of adapter ``version``, whose LoRA tensors are ``tensors``); the child
         forgets versions below ``keep_from``. ``carried`` comes back with the verdicts. Raises CheckerGone."""
-        send = None if version in self._held else [t.detach().cpu().numpy() for t in tensors]
+        if self._broken is not None:
+            raise CheckerGone(f"the spot-check process {self.pid} is gone ({self._broken})")
+        send = None if version in self._held else [t.detach().cpu().numpy().copy() for t in tensors]
         self._held = {v for v in self._held if v >= keep_from} | {version}
-        try:
-            _put(self._conn, (version, send, groups, keep_from))
-        except (OSError, ValueError) as e:
-            raise CheckerGone(f"the spot-check process {self.pid} is gone ({e})") from e
         self._waiting.append(carried)
+        self._outbox.put((version, send, groups, keep_from))
+
+    def _send(self) -> None:
+        """The hand-over thread: each submission to the child, in order (a full pipe blocks this thread only)."""
+        while True:
+            message = self._outbox.get()
+            try:
+                _put(self._conn, message)
+            except (OSError, ValueError) as e:
+                self._broken = e
+                return
+            if message is None:
+                return
 
     def results(self, timeout: float = 0.0) -> list[tuple[object, list]]:
         """``(carried, verdicts)`` of each submission answered since the last call, waiting up to ``timeout`` s for
         the first one. Raises CheckerGone (the submissions not answered are :meth:`unanswered`), or RuntimeError
         with what a check raised in the child."""
         out = []
+        if self._broken is not None:
+            raise CheckerGone(f"the spot-check process {self.pid} is gone ({self._broken})")
         try:
             while self._waiting and self._conn.poll(0.0 if out else timeout):
                 verdicts, error = _get(self._conn)
@@ -99,8 +126,8 @@ class Checker:
         return carried
 
     def close(self, timeout: float = 10.0) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            _put(self._conn, None)
+        self._outbox.put(None)
+        self._sender.join(timeout)
         self._process.join(timeout)
         if self._process.exitcode is None:
             self._process.kill()
@@ -120,11 +147,16 @@ def _get(conn):
 def _child(conn, parent_end, model, spec, check) -> None:
     """Answer each ``(version, tensors or None, groups, keep_from)`` with ``(verdicts, None)``, or ``(None, error)``
     when the check raised."""
+    from peer.children import set_session_nice
     from peer.model.adapter import lora_parameters
     from peer.roles.learner.verify import check_logprobs_many
 
     parent_end.close()  # only the parent holds it now: its exit ends our recv with EOFError
     name_process("hivegrpo-check")
+    with contextlib.suppress(OSError):
+        os.setsid()  # a session (and autogroup) of its own, niced: see the module docstring
+        set_session_nice(CHECK_NICE)
+    os.nice(CHECK_NICE)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group; the parent says when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
