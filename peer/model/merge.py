@@ -11,10 +11,11 @@ weights plus a difference, whose rounding would add up over thousands of swaps. 
 copy of every LoRA'd layer's weight), so it is made only where it fits, by the same rule as unpacking a 4-bit base
 (:func:`peer.model.memory.room_for`); otherwise the peer samples through the LoRA layers as before.
 
-Only float32 weights: in bfloat16 or float16, ``W0 + ΔW`` rounds most of a small update away. The LoRA parameters
-stay what they are (the adapter's bytes, its hash, a swap's check), so nothing outside the forward changes; the
-log-probs differ from the unmerged forward's by float32 rounding (~1e-6 nats), far inside what a learner's spot
-check tolerates between honest peers (:class:`peer.roles.learner.verify.LogprobCheck`).
+Only float32 weights on the CPU: in bfloat16 or float16, ``W0 + ΔW`` rounds most of a small update away (and the
+room for the copy is measured in RAM). The LoRA parameters stay what they are (the adapter's bytes, its hash, a
+swap's check), so nothing outside the forward changes; the log-probs differ from the unmerged forward's by float32
+rounding (up to 5e-5 nats measured), far inside what a learner's spot check tolerates between honest peers
+(:class:`peer.roles.learner.verify.LogprobCheck`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def _mergeable(model) -> tuple[list, str | None]:
             return [], f"its base layers are {type(base).__name__}, not plain float32 Linear (a 4-bit or 8-bit base)"
         if base.weight.dtype != torch.float32:
             return [], f"its base weights are {base.weight.dtype}: adding the update there would round it away"
+        if base.weight.device.type != "cpu":  # the copy's room is measured in RAM (a GPU's would be its own)
+            return [], f"its base weights are on {base.weight.device.type}, not the CPU"
         if layer.lora_variant or getattr(layer, "fan_in_fan_out", False) or len(layer.active_adapters) != 1:
             return [], "its LoRA layers are not plain single-adapter LoRA"
     return layers, None

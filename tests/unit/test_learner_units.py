@@ -246,8 +246,9 @@ def test_the_pool_keeps_a_bounded_number_per_peer(setup):
 
 
 def test_spot_checks_wait_for_a_batch_or_a_second_whichever_comes_first(setup):
-    """One forward pass per version serves every due group of that version: the learner checks once
-    ``SPOT_CHECK_BATCH`` are due, or as soon as the first has waited ``SPOT_CHECK_WAIT`` s."""
+    """On the loop, one forward pass per version serves every due group of that version: the learner checks once
+    ``SPOT_CHECK_BATCH`` are due, or as soon as the first has waited ``SPOT_CHECK_WAIT`` s. A learner with a
+    checking process hands every due group over at once (its forward passes cost the loop nothing)."""
     from types import SimpleNamespace
 
     from peer.roles.learner.peer import SPOT_CHECK_BATCH, SPOT_CHECK_WAIT, LearnerPeer
@@ -255,7 +256,8 @@ def test_spot_checks_wait_for_a_batch_or_a_second_whichever_comes_first(setup):
     now = [100.0]
     it = intake(setup, check_rate=1.0)
     it.clock = lambda: now[0]
-    learner = SimpleNamespace(intake=it)
+    learner = SimpleNamespace(intake=it, checker=None)
+    assert LearnerPeer._checks_due(SimpleNamespace(intake=it, checker=object())) == 1, "a checking process: any one"
     assert LearnerPeer._checks_due(learner) == SPOT_CHECK_BATCH > 1, "nothing due: nothing forces a check"
     g0, g1 = setup.groups[A][:2]
     it.add(entry(A, g0), 0)

@@ -98,6 +98,7 @@ def test_a_checking_process_gives_the_verdicts_of_a_check_on_the_loop(run):
         checker.submit(5, held, honest + lies, 4, "first")
         checker.submit(6, other, honest, 4, "second")
         checker.submit(5, other, honest, 5, "third")  # version 5 is held there: its tensors are not sent again
+        assert (checker.in_flight, checker.groups_in_flight) == (3, 32), "counted until results() hands them back"
         answered = []
         while len(answered) < 3:
             answered += checker.results(timeout=30.0)

@@ -64,7 +64,7 @@ class Checker:
         theirs.close()
         self._conn = ours
         self._held: set[int] = set()  # versions whose LoRA tensors the child holds
-        self._waiting: deque = deque()  # what each submission not yet answered carried (the caller's), in order
+        self._waiting: deque = deque()  # (what it carried, its groups) of each submission not answered, in order
         self._outbox: queue.Queue = queue.Queue()
         self._broken: BaseException | None = None  # why the hand-over thread could not send
         self._sender = threading.Thread(target=self._send, name="spot-check-sender", daemon=True)
@@ -76,7 +76,13 @@ class Checker:
 
     @property
     def in_flight(self) -> int:
+        """Submissions not answered yet."""
         return len(self._waiting)
+
+    @property
+    def groups_in_flight(self) -> int:
+        """Groups of the submissions not answered yet (each submission carried its groups' list)."""
+        return sum(n for _, n in list(self._waiting))
 
     def submit(self, version: int, tensors: list[torch.Tensor], groups: list, keep_from: int, carried) -> None:
         """Check ``groups`` (GroupRecords of adapter ``version``, whose LoRA tensors are ``tensors``); the child
@@ -85,7 +91,7 @@ class Checker:
             raise CheckerGone(f"the spot-check process {self.pid} is gone ({self._broken})")
         send = None if version in self._held else [t.detach().cpu().numpy().copy() for t in tensors]
         self._held = {v for v in self._held if v >= keep_from} | {version}
-        self._waiting.append(carried)
+        self._waiting.append((carried, len(groups)))
         self._outbox.put((version, send, groups, keep_from))
 
     def _send(self) -> None:
@@ -110,7 +116,7 @@ class Checker:
         try:
             while self._waiting and self._conn.poll(0.0 if out else timeout):
                 verdicts, error = _get(self._conn)
-                carried = self._waiting.popleft()
+                carried, _ = self._waiting.popleft()
                 if error is not None:
                     raise RuntimeError(f"a spot check failed in the checking process: {error}")
                 out.append((carried, verdicts))
@@ -122,8 +128,8 @@ class Checker:
 
     def unanswered(self) -> list:
         """What the submissions not answered carried (once the child is gone), oldest first."""
-        carried, self._waiting = list(self._waiting), deque()
-        return carried
+        waiting, self._waiting = list(self._waiting), deque()
+        return [carried for carried, _ in waiting]
 
     def close(self, timeout: float = 10.0) -> None:
         self._outbox.put(None)

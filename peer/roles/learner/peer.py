@@ -470,9 +470,12 @@ class LearnerPeer:
                     logger.warning("banned %s for this run", who)
 
     def _checks_due(self) -> int:
-        """How many groups must wait for a check before they are checked now: ``SPOT_CHECK_BATCH`` (one forward pass
-        per version then serves several groups), or any one once the first has waited ``SPOT_CHECK_WAIT`` s (a
-        forger's groups are found within about a second either way)."""
+        """How many groups must wait for a check before they are checked now. With the checking process, any one:
+        its forward passes cost the loop nothing, and a group waiting for its turn is one the next update may
+        miss. On the loop, ``SPOT_CHECK_BATCH`` (one forward pass per version then serves several groups), or any
+        one once the first has waited ``SPOT_CHECK_WAIT`` s (a forger's groups are found within about a second)."""
+        if self.checker is not None:
+            return 1
         intake = self.intake
         waited = intake.clock() - intake.pending_since
         return 1 if intake.checks_waiting() and waited >= SPOT_CHECK_WAIT else SPOT_CHECK_BATCH
@@ -546,6 +549,10 @@ class LearnerPeer:
                 if self.intake.known.get(a.group.version) != a.group.adapter_sha256:
                     continue  # handed over before this learner took another lineage (a leader's state)
                 self._checked(a, refused)
+
+    def _groups_in_checks(self) -> int:
+        """Groups handed to the checking process and not judged yet (they count as waiting in the demand)."""
+        return 0 if self.checker is None else self.checker.groups_in_flight
 
     def _checked(self, accepted: Accepted, refused: Refused | None) -> None:
         if refused is not None and accepted.owner not in self.intake.banned:
@@ -665,7 +672,7 @@ class LearnerPeer:
         working = max(0.1 * (now - then), (now - then) - (waited - waited_before))
         return Demand(
             groups_per_second=round(min(1e6, (consumed - before) / working), 3),
-            waiting=self.intake.waiting() + self.intake.checks_waiting(),
+            waiting=self.intake.waiting() + self.intake.checks_waiting() + self._groups_in_checks(),
             contributors=self.intake.contributors(self.session.version),
         )
 
