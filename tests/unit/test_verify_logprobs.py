@@ -95,23 +95,25 @@ def test_a_checking_process_gives_the_verdicts_of_a_check_on_the_loop(run):
     assert here_other != ["None"] * 8, "the other version's tensors make other verdicts"
     checker = Checker(verifier, spec, LogprobCheck())
     try:
-        checker.submit(5, held, honest + lies, 4, "first")
-        checker.submit(6, other, honest, 4, "second")
-        checker.submit(5, other, honest, 5, "third")  # version 5 is held there: its tensors are not sent again
-        assert (checker.in_flight, checker.groups_in_flight) == (3, 32), "counted until results() hands them back"
+        checker.submit((5, "a"), held, honest + lies, 4, "first")
+        checker.submit((6, "b"), other, honest, 4, "second")
+        checker.submit((5, "a"), other, honest, 5, "third")  # (5, "a") is held there: its tensors are not sent again
+        checker.submit((5, "c"), other, honest, 5, "fourth")  # another lineage's version 5 (a leader's state taken)
+        assert (checker.in_flight, checker.groups_in_flight) == (4, 40), "counted until results() hands them back"
         answered = []
-        while len(answered) < 3:
+        while len(answered) < 4:
             answered += checker.results(timeout=30.0)
-        assert [c for c, _ in answered] == ["first", "second", "third"] and checker.in_flight == 0
+        assert [c for c, _ in answered] == ["first", "second", "third", "fourth"] and checker.in_flight == 0
         assert [str(r) for r in answered[0][1]] == here
         assert [str(r) for r in answered[1][1]] == here_other
         assert [str(r) for r in answered[2][1]] == here[:8]
+        assert [str(r) for r in answered[3][1]] == here_other, "checked under that lineage's tensors, not the held"
         os.kill(checker.pid, signal.SIGKILL)
         checker._process.join(10)
         with pytest.raises(CheckerGone):
-            checker.submit(6, other, honest, 5, "fourth")
+            checker.submit((6, "b"), other, honest, 5, "fifth")
             checker.results(timeout=10.0)
-        assert checker.unanswered() in ([], ["fourth"])
+        assert checker.unanswered() in ([], ["fifth"])
     finally:
         checker.close()
     assert all(torch.equal(p, t) for p, t in zip(lora_parameters(verifier), held, strict=True)), "ours untouched"

@@ -63,7 +63,7 @@ class Checker:
             signal.pthread_sigmask(signal.SIG_SETMASK, masked)
         theirs.close()
         self._conn = ours
-        self._held: set[int] = set()  # versions whose LoRA tensors the child holds
+        self._held: set[tuple[int, str]] = set()  # (version, sha256) of the LoRA tensors the child holds
         self._waiting: deque = deque()  # (what it carried, its groups) of each submission not answered, in order
         self._outbox: queue.Queue = queue.Queue()
         self._broken: BaseException | None = None  # why the hand-over thread could not send
@@ -84,13 +84,15 @@ class Checker:
         """Groups of the submissions not answered yet (each submission carried its groups' list)."""
         return sum(n for _, n in list(self._waiting))
 
-    def submit(self, version: int, tensors: list[torch.Tensor], groups: list, keep_from: int, carried) -> None:
-        """Check ``groups`` (GroupRecords of adapter ``version``, whose LoRA tensors are ``tensors``); the child
-        forgets versions below ``keep_from``. ``carried`` comes back with the verdicts. Raises CheckerGone."""
+    def submit(self, version: tuple[int, str], tensors: list[torch.Tensor], groups: list, keep_from: int, carried):
+        """Check ``groups`` (GroupRecords of adapter ``version``, a ``(number, sha256)``: a learner that takes a
+        leader's state holds other tensors under the same numbers; its LoRA tensors are ``tensors``); the child
+        forgets versions numbered below ``keep_from``. ``carried`` comes back with the verdicts. Raises
+        CheckerGone."""
         if self._broken is not None:
             raise CheckerGone(f"the spot-check process {self.pid} is gone ({self._broken})")
         send = None if version in self._held else [t.detach().cpu().numpy().copy() for t in tensors]
-        self._held = {v for v in self._held if v >= keep_from} | {version}
+        self._held = {v for v in self._held if v[0] >= keep_from} | {version}
         self._waiting.append((carried, len(groups)))
         self._outbox.put((version, send, groups, keep_from))
 
@@ -180,7 +182,7 @@ def _child(conn, parent_end, model, spec, check) -> None:
             version, tensors, groups, keep_from = message
             if tensors is not None:
                 held[version] = [torch.from_numpy(t) for t in tensors]
-            for v in [v for v in held if v < keep_from and v != version]:
+            for v in [v for v in held if v[0] < keep_from and v != version]:
                 del held[v]
             try:
                 if loaded != version:

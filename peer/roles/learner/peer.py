@@ -529,7 +529,7 @@ class LearnerPeer:
                     self.intake.checked(a, None)
                 continue
             try:
-                self.checker.submit(version, known[1], [a.group for a in these], min(window), these)
+                self.checker.submit((version, known[0]), known[1], [a.group for a in these], min(window), these)
             except CheckerGone as e:
                 self._checker_gone(e)
                 return [a for a in pending if a.group.version in versions[i:]]
