@@ -117,3 +117,50 @@ def test_a_checking_process_gives_the_verdicts_of_a_check_on_the_loop(run):
     finally:
         checker.close()
     assert all(torch.equal(p, t) for p, t in zip(lora_parameters(verifier), held, strict=True)), "ours untouched"
+
+
+def test_a_checking_process_that_falls_behind_leaves_the_checks_to_the_loop(run):
+    """With ``CHECKS_IN_FLIGHT`` groups already with the checking process, the learner checks the next ones on its
+    loop (under the version's own tensors, then its own back): the groups waiting on that process stay bounded
+    however slow it is."""
+    from types import SimpleNamespace
+
+    from peer.model.adapter import lora_parameters
+    from peer.roles.learner.intake import Accepted, Intake
+    from peer.roles.learner.peer import CHECKS_IN_FLIGHT, LearnerPeer
+
+    spec, verifier, tokenizer, groups = run
+    held = [p.detach().clone() for p in lora_parameters(verifier)]
+
+    class Behind:  # a checking process with CHECKS_IN_FLIGHT groups not answered yet
+        in_flight, groups_in_flight = 4, CHECKS_IN_FLIGHT
+        submitted = 0
+
+        def results(self, timeout=0.0):
+            return []
+
+        def submit(self, *args):
+            self.submitted += 1
+
+    class Loop:  # the parts of a LearnerPeer its spot check uses
+        _spot_check = LearnerPeer._spot_check
+        _collect_checks = LearnerPeer._collect_checks
+        _hand_checks_over = LearnerPeer._hand_checks_over
+        _checked = LearnerPeer._checked
+
+    loop = Loop()
+    loop.session = SimpleNamespace(model=verifier, spec=spec, version=0)
+    loop.state = SimpleNamespace(window={0: (bench.SHA, held)})
+    loop.config = SimpleNamespace(logprob_tolerance=0.05)
+    loop.checker = Behind()
+    loop.intake = Intake(spec, tokenizer, batch=16, check_rate=1.0)
+    honest, lies = groups[:4], bench.forged(groups[4:8], "+0.3")
+    loop.intake.recheck([Accepted(bench.OWNER, g) for g in honest + lies])
+    loop._spot_check()
+    assert loop.checker.submitted == 0 and loop.intake.checks_waiting() == 0, "checked here, not handed over"
+    assert loop.intake.counts["checked"] == 8 and bench.OWNER in loop.intake.banned, "the lies were found"
+    assert all(torch.equal(p, t) for p, t in zip(lora_parameters(verifier), held, strict=True))
+    loop.checker.groups_in_flight = CHECKS_IN_FLIGHT - 1
+    loop.intake.recheck([Accepted(b"another signer", g) for g in honest])
+    loop._spot_check()
+    assert loop.checker.submitted == 1 and loop.intake.counts["checked"] == 8, "below the bound: handed over"

@@ -84,6 +84,7 @@ logger = get_logger(__name__)
 SPOT_CHECK_BATCH = 16  # log-prob checks wait until this many are due (or the update needs them, or SPOT_CHECK_WAIT)
 SPOT_CHECK_WAIT = 1.0  # s the first group drawn for a check waits at most for others to share its forward passes
 CHECK_POLL = 0.02  # s between two looks for verdicts while an update waits on groups a check holds
+CHECKS_IN_FLIGHT = 64  # groups at most with the checking process; beyond, the loop checks (it falls behind: bounded)
 DEMAND_WINDOW = 10.0  # s over which the consumption rate in the announcements is measured
 
 
@@ -493,7 +494,7 @@ class LearnerPeer:
         pending = self.intake.pending_checks()
         if not pending:
             return
-        if self.checker is not None:
+        if self.checker is not None and self.checker.groups_in_flight < CHECKS_IN_FLIGHT:
             pending = self._hand_checks_over(pending)
             if not pending:
                 return
