@@ -1,11 +1,18 @@
-"""Starting a peer process of a local swarm: the demo's, a benchmark's, a test's children all start this way."""
+"""Starting a peer process of a local swarm (the demo's, a benchmark's, a test's children all start this way), and
+forking a helper process of a peer (a rollout peer's publisher, a learner's spot checker) with the pipe between them.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import pickle
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from peer.procname import name_process
 
 CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one torch thread each: several share the cores
 
@@ -101,4 +108,56 @@ def set_session_nice(nice: int) -> None:
         pass
 
 
-__all__ = ["CHILD_ENV", "current_session_nice", "lower_priority", "set_session_nice", "spawn"]
+QUIET = {signal.SIGINT, signal.SIGTERM}
+
+
+def fork_helper(target, args: tuple, name: str):
+    """Fork a helper process of this peer running ``target(conn, parent_end, *args)``; returns ``(process, conn)``,
+    this side's end of their pipe. The helper inherits what the peer has loaded (the model, the task, the keys), so
+    only messages travel. SIGINT and SIGTERM are blocked while forking: a Ctrl-C in the helper's first instants,
+    before :func:`enter_helper` ignores them, would kill it mid-start."""
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+    process = context.Process(target=target, args=(theirs, ours, *args), name=name, daemon=True)
+    masked = signal.pthread_sigmask(signal.SIG_BLOCK, QUIET)
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, masked)
+    theirs.close()
+    return process, ours
+
+
+def enter_helper(parent_end, name: str) -> None:
+    """A forked helper's first step: close the peer's end of the pipe (only the peer holds it now: its exit ends the
+    helper's reads with EOFError), take ``name``, leave SIGINT/SIGTERM to the peer (a Ctrl-C reaches the whole group;
+    the peer says when to stop) and unblock them, and keep the tokenizers library off its own threads (not forked)."""
+    parent_end.close()
+    name_process(name)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, QUIET)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def send_message(conn, message) -> None:
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def receive_message(conn):
+    """The next message on a peer's pipe to its helper. Unpickling is safe there only: the pipe is a socketpair made
+    before the fork, so its two ends are this peer and its own helper; nothing from the network reaches it."""
+    return pickle.loads(conn.recv_bytes())
+
+
+__all__ = [
+    "CHILD_ENV",
+    "current_session_nice",
+    "enter_helper",
+    "fork_helper",
+    "lower_priority",
+    "receive_message",
+    "send_message",
+    "set_session_nice",
+    "spawn",
+]

@@ -24,18 +24,15 @@ verified by the learner first).
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
-import pickle
 import queue
-import signal
 import threading
 from collections import deque
 
 import torch
 
+from peer.children import enter_helper, fork_helper, receive_message, send_message, set_session_nice
 from peer.log import get_logger
-from peer.procname import name_process
 
 logger = get_logger(__name__)
 
@@ -50,19 +47,7 @@ class Checker:
     """Spot checks in a child: :meth:`submit` a version's groups, :meth:`results` returns what was answered."""
 
     def __init__(self, model, spec, check):
-        context = multiprocessing.get_context("fork")  # the child inherits the model, the spec and the thresholds
-        ours, theirs = context.Pipe()
-        self._process = context.Process(
-            target=_child, args=(theirs, ours, model, spec, check), name="spot-checker", daemon=True
-        )
-        quiet = {signal.SIGINT, signal.SIGTERM}  # a Ctrl-C in the child's first instants would kill it mid-start
-        masked = signal.pthread_sigmask(signal.SIG_BLOCK, quiet)
-        try:
-            self._process.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
-        theirs.close()
-        self._conn = ours
+        self._process, self._conn = fork_helper(_child, (model, spec, check), "spot-checker")
         self._held: set[tuple[int, str]] = set()  # (version, sha256) of the LoRA tensors the child holds
         self._waiting: deque = deque()  # (what it carried, its groups) of each submission not answered, in order
         self._outbox: queue.Queue = queue.Queue()
@@ -101,7 +86,7 @@ class Checker:
         while True:
             message = self._outbox.get()
             try:
-                _put(self._conn, message)
+                send_message(self._conn, message)
             except (OSError, ValueError) as e:
                 self._broken = e
                 return
@@ -117,7 +102,7 @@ class Checker:
             raise CheckerGone(f"the spot-check process {self.pid} is gone ({self._broken})")
         try:
             while self._waiting and self._conn.poll(0.0 if out else timeout):
-                verdicts, error = _get(self._conn)
+                verdicts, error = receive_message(self._conn)
                 carried, _ = self._waiting.popleft()
                 if error is not None:
                     raise RuntimeError(f"a spot check failed in the checking process: {error}")
@@ -143,40 +128,25 @@ class Checker:
         self._conn.close()
 
 
-def _put(conn, message) -> None:
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _get(conn):
-    """The next message from the other end (see the module docstring: only the learner and its child are there)."""
-    return pickle.loads(conn.recv_bytes())
-
-
 def _child(conn, parent_end, model, spec, check) -> None:
     """Answer each ``(version, tensors or None, groups, keep_from)`` with ``(verdicts, None)``, or ``(None, error)``
     when the check raised."""
-    from peer.children import set_session_nice
     from peer.model.adapter import lora_parameters
     from peer.roles.learner.verify import check_logprobs_many
 
-    parent_end.close()  # only the parent holds it now: its exit ends our recv with EOFError
-    name_process("hivegrpo-check")
+    enter_helper(parent_end, "hivegrpo-check")
     with contextlib.suppress(OSError):
         os.setsid()  # a session (and autogroup) of its own, niced: see the module docstring
         set_session_nice(CHECK_NICE)
     os.nice(CHECK_NICE)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group; the parent says when to stop
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     torch.set_num_threads(1)
     model.eval()
     params = lora_parameters(model)
-    held: dict[int, list[torch.Tensor]] = {}
+    held: dict[tuple[int, str], list[torch.Tensor]] = {}
     loaded = None  # the version whose tensors the model holds now
     try:
         while True:
-            message = _get(conn)
+            message = receive_message(conn)
             if message is None:
                 break
             version, tensors, groups, keep_from = message
@@ -193,7 +163,7 @@ def _child(conn, parent_end, model, spec, check) -> None:
                 answer = (check_logprobs_many(model, groups, spec, check=check), None)
             except Exception as e:  # said to the parent, which raises it as its own check would have
                 answer = (None, f"{type(e).__name__}: {e}")
-            _put(conn, answer)
+            send_message(conn, answer)
     except (EOFError, OSError):
         return  # the parent is gone
 

@@ -16,10 +16,7 @@ stops publishing: the error comes back and :meth:`Publisher.check` raises it at 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import os
 import pickle
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -27,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
+from peer.children import enter_helper, fork_helper, receive_message, send_message
 from peer.log import get_logger
 from peer.model.sampling import Completions
-from peer.procname import name_process
 
 logger = get_logger(__name__)
 
@@ -79,21 +76,8 @@ class Publisher:
         self._closing = False
         self._done = threading.Condition()
         self._send_lock = threading.Lock()
-        context = multiprocessing.get_context("fork")  # the child inherits the task, tokenizer and keys
-        ours, theirs = context.Pipe()
         self._linger = linger if callable(linger) else (lambda: linger)
-        self._process = context.Process(
-            target=_child, args=(theirs, ours, prepare, store.entries_of), name="group-publisher", daemon=True
-        )
-        # Blocked while forking: a Ctrl-C in the child's first instants (before it ignores it) would kill it mid-start.
-        quiet = {signal.SIGINT, signal.SIGTERM}
-        masked = signal.pthread_sigmask(signal.SIG_BLOCK, quiet)
-        try:
-            self._process.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
-        theirs.close()
-        self._conn = ours
+        self._process, self._conn = fork_helper(_child, (prepare, store.entries_of), "group-publisher")
         self._thread = threading.Thread(target=self._receive, name="group-publisher", daemon=True)
         self._thread.start()
 
@@ -130,7 +114,7 @@ class Publisher:
         self._closing = True
         if self._thread.is_alive():
             with contextlib.suppress(OSError, ValueError), self._send_lock:
-                _put(self._conn, None)
+                send_message(self._conn, None)
             self._thread.join(timeout)
         self._process.join(timeout if self._process.exitcode is None else 0)
         if self._process.exitcode is None:
@@ -142,7 +126,7 @@ class Publisher:
     def _send(self, message) -> None:
         try:
             with self._send_lock:
-                _put(self._conn, message)
+                send_message(self._conn, message)
         except (OSError, ValueError):  # the child is gone: _receive says why
             self._thread.join(5.0)
             self.check()
@@ -152,7 +136,7 @@ class Publisher:
         """Store what the child prepared, as it comes; when the child ends, give up on what it still held."""
         while True:
             try:
-                message = _get(self._conn)
+                message = receive_message(self._conn)
             except (EOFError, OSError):
                 break
             if message is None:  # the child's answer to close(): everything was answered before it
@@ -186,30 +170,15 @@ class Publisher:
             self._done.notify_all()
 
 
-def _put(conn, message) -> None:
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _get(conn):
-    """The next message from the other end. Unpickling is safe here: the connection is a socketpair made before the
-    fork, so its only two ends are this peer and its own publisher child; nothing from the network reaches it."""
-    return pickle.loads(conn.recv_bytes())
-
-
 def _child(conn, parent_end, prepare, make_entries) -> None:
     """The child's loop: gather batches for up to the first one's ``linger`` s, score them, make their entries, send
     them back."""
-    parent_end.close()  # only the parent holds it now: its exit ends our recv with EOFError
-    name_process("hivegrpo-publis")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group; the parent says when to stop
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # blocked by the parent while forking
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the tokenizers library's own threads are not forked
+    enter_helper(parent_end, "hivegrpo-publis")
     torch.set_num_threads(1)
     broken = False  # once a batch's scoring raised, nothing more is scored
     try:
         while True:
-            message = _get(conn)
+            message = receive_message(conn)
             if message is None:
                 break
             batches = [] if isinstance(message, str) else [message]
@@ -217,7 +186,7 @@ def _child(conn, parent_end, prepare, make_entries) -> None:
             while batches and sum(len(b.seqs) for b in batches) < MAX_GATHERED_GROUPS:
                 if not conn.poll(max(0.0, deadline - time.monotonic())):
                     break
-                message = _get(conn)
+                message = receive_message(conn)
                 if message is None or isinstance(message, str):  # close or flush: no more gathering
                     stop = message is None
                     break
@@ -225,10 +194,10 @@ def _child(conn, parent_end, prepare, make_entries) -> None:
             if batches:
                 answer = _prepare(batches, None if broken else prepare, make_entries)
                 broken = broken or answer[4] is not None
-                _put(conn, answer)
+                send_message(conn, answer)
             if stop:
                 break
-        _put(conn, None)
+        send_message(conn, None)
     except (EOFError, OSError):
         return  # the parent is gone
 
