@@ -8,12 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from peer.model.adapter import adapter_to_bytes, attach_lora, load_adapter_bytes, lora_parameters
+from peer.model.adapter import adapter_to_bytes, attach_lora, load_adapter_bytes
 from peer.model.config import LoRAConfig, ModelConfig
 from peer.model.loading import load_base
 from peer.model.memory import model_bytes
 from peer.model.merge import BUFFER, MergedLoRA
 from peer.model.sampling import sample_groups
+from tests.helpers.models import random_lora
 
 PROMPTS = ["123+456=", "007+045=", "999+999=", "500+250=", "1+2=", "55+5="]
 
@@ -21,16 +22,9 @@ PROMPTS = ["123+456=", "007+045=", "999+999=", "500+250=", "1+2=", "55+5="]
 def _model(quantization="nf4", dtype="float32", seed=1):
     base = load_base(ModelConfig(name="bundled", quantization=quantization, device="cpu", dtype=dtype))
     model = attach_lora(base.model, LoRAConfig())
-    _randomize(model, seed)
+    random_lora(model, seed)
     model.eval()
     return model, base.tokenizer
-
-
-def _randomize(model, seed):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in lora_parameters(model):
-            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
 
 
 def _sample(model, tokenizer, seed=3):
@@ -75,7 +69,7 @@ def test_every_version_is_the_kept_base_plus_its_update_with_nothing_carried_ove
     merged = MergedLoRA.of(model)
     first, first_weights = adapter_to_bytes(model), _weights(model)
     for seed in range(20, 40):  # versions come and go; each is computed afresh from the kept base
-        _randomize(model, seed)
+        random_lora(model, seed)
         load_adapter_bytes(model, adapter_to_bytes(model))
         merged.refresh()
         assert not all(torch.equal(first_weights[n], w) for n, w in _weights(model).items())

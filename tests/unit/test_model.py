@@ -16,6 +16,7 @@ from peer.model.adapter import (
 from peer.model.config import LoRAConfig, ModelConfig
 from peer.model.loading import ModelLoadError, load_base
 from peer.model.sampling import encode_prompts, sample_groups
+from tests.helpers.models import random_lora
 
 PROMPTS = ["123+456=", "007+045=", "999+999=", "500+250="]
 
@@ -27,13 +28,6 @@ def _base(quantization, unpack=True):
 def _lora_model(quantization, seed=0, unpack=True):
     base = _base(quantization, unpack)
     return attach_lora(base.model, LoRAConfig(init_seed=seed)), base.tokenizer
-
-
-def _make_lora_nonzero(model, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in lora_parameters(model):
-            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
 
 
 def _sft_loss(model, tokenizer):
@@ -93,8 +87,8 @@ def test_generate_then_train_changes_lora_only(quantization):
 def test_lora_gradients_after_generate_equal_a_fresh_model(quantization):
     fresh, tokenizer = _lora_model(quantization, unpack=False)
     used, _ = _lora_model(quantization, unpack=False)
-    _make_lora_nonzero(fresh)
-    _make_lora_nonzero(used)
+    random_lora(fresh)
+    random_lora(used)
     used.eval()
     with torch.no_grad():  # the inference path that, unchecked, repacks 4-bit weights for good
         sample_groups(
@@ -110,7 +104,7 @@ def test_lora_gradients_after_generate_equal_a_fresh_model(quantization):
 
 def test_adapter_bytes_round_trip_hot_swap_in_place():
     src, tokenizer = _lora_model("nf4")
-    _make_lora_nonzero(src, seed=3)
+    random_lora(src, seed=3)
     blob = adapter_to_bytes(src)
     assert adapter_to_bytes(src) == blob, "serialization is not deterministic"
     assert blob_lora_config(blob).r == 8
@@ -148,7 +142,7 @@ def test_adapter_bytes_follow_in_place_updates_and_peft_layout():
 
 def test_bad_adapter_blobs_are_refused_and_change_nothing():
     model, _ = _lora_model("none")
-    _make_lora_nonzero(model, seed=5)
+    random_lora(model, seed=5)
     good = adapter_to_bytes(model)
     before = adapter_to_bytes(model)
     other = attach_lora(_base("none").model, LoRAConfig(r=4))
@@ -172,7 +166,7 @@ def test_bad_adapter_blobs_are_refused_and_change_nothing():
 @pytest.mark.parametrize("quantization", ["nf4", "none"])
 def test_behaviour_logprobs_match_recomputation(quantization):
     model, tokenizer = _lora_model(quantization)
-    _make_lora_nonzero(model, seed=7)
+    random_lora(model, seed=7)
     model.eval()
     prompts = ["1+2=", "123+456=", "55+5="]  # different lengths: left padding
     gen = torch.Generator().manual_seed(0)
@@ -266,7 +260,7 @@ def test_importing_the_model_code_logs_no_failed_optional_kernel():
 
 
 def _grads_logits_and_samples(model, tokenizer):
-    _make_lora_nonzero(model, seed=11)
+    random_lora(model, seed=11)
     grads = _lora_grads(model, tokenizer)
     model.eval()
     with torch.no_grad():

@@ -13,6 +13,7 @@ from peer.grpo.config import MAX_STOP_STRINGS, MAX_SYSTEM_PROMPT_CHARS, PromptCo
 from peer.model.loading import bundled_path, load_tokenizer
 from peer.model.prompts import PromptError, completion_text, cut_at_stop, end_token_ids, prompt_ids
 from peer.model.sampling import decode, encode_prompts, sample_groups
+from tests.helpers.models import random_lora
 
 PROMPTS = ["1+2=", "123+456=", "55+5=", "999+1=", "0+0=", "12+34=", "7+70=", "450+50="]
 # A template for the bundled character tokenizer: it knows digits, '+' and '=', so every turn renders to real tokens.
@@ -37,16 +38,13 @@ def chat_tokenizer():
 
 @pytest.fixture(scope="module")
 def model():
-    from peer.model.adapter import attach_lora, lora_parameters
+    from peer.model.adapter import attach_lora
     from peer.model.config import LoRAConfig, ModelConfig
     from peer.model.loading import load_base
 
     base = load_base(ModelConfig(name="bundled", quantization="none", device="cpu"))
     m = attach_lora(base.model, LoRAConfig())
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in lora_parameters(m):
-            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    random_lora(m, seed=5)
     m.eval()
     return m
 
