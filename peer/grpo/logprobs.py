@@ -139,6 +139,7 @@ def completion_logprobs(
     temperature: float,
     *,
     logits_to_keep: bool | None = None,
+    share_prompts: bool = False,
 ) -> torch.Tensor:
     """Log-prob of each completion token given its prompt and the completion before it: float32 [B, C].
 
@@ -151,10 +152,107 @@ def completion_logprobs(
     for the last ``C + 1`` positions' logits only, so the [B, P, V] prompt logits are never built: on a real
     vocabulary (SmolLM2: 49,152) with a chat-template prompt they were most of a learner's memory and a fifth of its
     forward. ``False`` builds them all.
+
+    ``share_prompts``: rows next to each other with the same prompt (a GRPO group's G completions) run that prompt's
+    forward once; its KV cache is copied to each of them and only the completions run per row
+    (:func:`_shared_prompt_logits`). The same numbers to float rounding (~4e-6 nats on the bundled model), gradients
+    included, for a fraction of the work where the prompt is long: a group of 8 with a 9-token prompt and 6 new
+    tokens computes 912 positions instead of 1,920. A model without a KV cache (or with gradient checkpointing on,
+    which turns the cache off) gets every row's own forward.
     Gradients flow into the model's parameters unless the caller runs this under ``torch.no_grad()``.
     """
-    logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep)
+    logits = None
+    if share_prompts and not getattr(inner_model(model), "is_gradient_checkpointing", False):
+        logits = _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids)
+    if logits is None:
+        logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep)
     return token_logprobs(logits, completion_ids, temperature)
+
+
+def prompt_runs(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows that start a run of equal prompts (ids and mask) and each run's length: ``(starts, lengths)``."""
+    same = (prompt_ids[1:] == prompt_ids[:-1]).all(1) & (prompt_mask[1:] == prompt_mask[:-1]).all(1)
+    starts = torch.cat(
+        [torch.zeros(1, dtype=torch.long, device=prompt_ids.device), same.logical_not().nonzero()[:, 0] + 1]
+    )
+    ends = torch.cat([starts[1:], torch.tensor([prompt_ids.shape[0]], device=prompt_ids.device)])
+    return starts, ends - starts
+
+
+def _shared_prompt_logits(
+    model: CausalLM, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor
+) -> torch.Tensor | None:
+    """The logits of :func:`_completion_logits`, each run of equal prompts computed once: the prompts' forward (the
+    last position's logits only), its KV cache rows copied to the rows of their run, then one forward of every row's
+    completion but its last token on that cache. None when no two rows share a prompt or the model gives no cache
+    (the caller then computes every row's own forward)."""
+    _check_prompt_layout(prompt_ids, prompt_mask, completion_ids)
+    starts, lengths = prompt_runs(prompt_ids, prompt_mask)
+    if starts.numel() == prompt_ids.shape[0]:
+        return None
+    first_ids, first_mask = prompt_ids[starts], prompt_mask[starts]
+    keep = _keep_argument(model)
+    out = model(
+        input_ids=first_ids,
+        attention_mask=first_mask,
+        position_ids=position_ids_from_mask(first_mask),
+        use_cache=True,
+        **({keep: 1} if keep is not None else {}),
+    )
+    cache = cache_of(out)
+    if cache is None:
+        return None
+    index = torch.repeat_interleave(torch.arange(starts.numel(), device=prompt_ids.device), lengths)
+    first = out.logits[:, -1:, :][index]  # the last prompt position predicts the first completion token
+    completion_len = completion_ids.shape[1]
+    if completion_len == 1:
+        return first
+    cache = select_cache_rows(cache, index)
+    attention_mask = torch.cat(
+        [
+            prompt_mask,
+            torch.ones(prompt_mask.shape[0], completion_len - 1, dtype=prompt_mask.dtype, device=prompt_mask.device),
+        ],
+        dim=1,
+    )
+    rest = model(
+        input_ids=completion_ids[:, :-1].to(prompt_ids.dtype),
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask)[:, prompt_ids.shape[1] :],
+        **{cache_argument(model): cache},
+    ).logits
+    if rest.dim() != 3 or rest.shape[:2] != (prompt_ids.shape[0], completion_len - 1):
+        raise ValueError(
+            f"model returned logits of shape {tuple(rest.shape)} for {completion_len - 1} completion positions"
+        )
+    return torch.cat([first, rest], dim=1)
+
+
+def inner_model(model):
+    """The model under a PEFT wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def cache_argument(model) -> str:
+    """The forward() keyword that carries the KV cache: ``cache`` in newer transformers, ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(inner_model(model).forward).parameters else "past_key_values"
+
+
+def cache_of(output):
+    """The KV cache a forward returned (``cache`` or ``past_key_values``), or None."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
+def select_cache_rows(cache, index: torch.Tensor):
+    """Only the batch rows ``index`` of a KV cache, in that order (rows may repeat; in place for a ``Cache``
+    object); returns the cache."""
+    if hasattr(cache, "batch_select_indices"):
+        cache.batch_select_indices(index)
+        return cache
+    if isinstance(cache, (tuple, list)):  # the legacy per-layer (key, value) tuples
+        return tuple(tuple(t[index] for t in layer) for layer in cache)
+    raise TypeError(f"cannot select rows of a KV cache of type {type(cache).__name__}")
 
 
 def _completion_logits(
@@ -191,8 +289,7 @@ def _completion_logits(
 def _keep_argument(model) -> str | None:
     """The forward() keyword that limits which positions get logits (``logits_to_keep``, ``num_logits_to_keep``
     before transformers 4.50), or None when the model's forward takes neither."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    forward = getattr(inner, "forward", None)
+    forward = getattr(inner_model(model), "forward", None)
     try:
         params = inspect.signature(forward).parameters if forward is not None else {}
     except (TypeError, ValueError):

@@ -29,6 +29,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from peer.grpo.config import PromptConfig
+from peer.grpo.logprobs import cache_argument as _cache_argument
+from peer.grpo.logprobs import cache_of as _cache_of
+from peer.grpo.logprobs import inner_model as _inner
+from peer.grpo.logprobs import select_cache_rows as _select_rows
 from peer.model.prompts import completion_text, end_token_ids, prompt_ids
 
 STOP_WINDOW_EXTRA = 4  # tokens decoded beyond a stop string's length when looking for it in a row's tail
@@ -76,15 +80,6 @@ def encode_prompts(
     return pad_left([rendered[t] for t in prompts], tokenizer.pad_token_id, device)
 
 
-def _inner(model):
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def _cache_argument(model) -> str:
-    """The forward() keyword that carries the KV cache: ``cache`` in newer transformers, ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(_inner(model).forward).parameters else "past_key_values"
-
-
 def _last_logits_argument(model) -> dict[str, int]:
     """The forward() keyword asking for the last position's logits only (``logits_to_keep`` in transformers >= 4.50,
     ``num_logits_to_keep`` before; none on models without it): a prompt's other logits are never used, and on a
@@ -94,21 +89,6 @@ def _last_logits_argument(model) -> dict[str, int]:
         if name in params:
             return {name: 1}
     return {}
-
-
-def _cache_of(output):
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else output.past_key_values
-
-
-def _select_rows(cache, index: torch.Tensor):
-    """Keep only the batch rows ``index`` of a KV cache (in place for a ``Cache`` object); returns the cache."""
-    if hasattr(cache, "batch_select_indices"):
-        cache.batch_select_indices(index)
-        return cache
-    if isinstance(cache, (tuple, list)):  # the legacy per-layer (key, value) tuples
-        return tuple(tuple(t[index] for t in layer) for layer in cache)
-    raise TypeError(f"cannot drop finished rows from a KV cache of type {type(cache).__name__}")
 
 
 def _repeat_rows(cache, repeats: int):

@@ -204,3 +204,66 @@ def test_completion_logprobs_layout_errors(gpt2):
         completion_logprobs(gpt2, prompt_ids, prompt_mask[:, 1:], completion, 1.0)
     with pytest.raises(ValueError, match="at least one position"):
         completion_logprobs(gpt2, prompt_ids, prompt_mask, completion[:, :0], 1.0)
+
+
+def _groups(runs, completion_len=5):
+    """Prompts in runs of equal rows (a GRPO group's completions side by side, runs of ``runs[i]`` rows, prompts of
+    different lengths, left-padded), and random completions."""
+    lengths = [2 + (i * 3) % 5 for i in range(len(runs))]
+    distinct_ids, distinct_mask = _left_padded_prompts(lengths, width=max(lengths))
+    index = torch.repeat_interleave(torch.arange(len(runs)), torch.tensor(runs))
+    generator = torch.Generator().manual_seed(5)
+    completion = torch.randint(2, VOCAB, (int(index.numel()), completion_len), generator=generator)
+    if completion_len == 5:
+        completion[0, 3:] = torch.tensor([EOS, PAD])  # a row that ended early, padded after its eos
+    return distinct_ids[index], distinct_mask[index], completion
+
+
+def _forward_positions(model):
+    """Records the positions each forward of ``model`` computes (rows x tokens)."""
+    seen = []
+    handle = model.register_forward_pre_hook(
+        lambda _m, _args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
+    return seen, handle
+
+
+@pytest.mark.parametrize("runs", [[8, 8, 8], [3, 1, 8, 2], [1, 1]])
+def test_rows_that_share_a_prompt_compute_it_once_with_the_same_logprobs_and_gradients(model, runs):
+    prompt_ids, prompt_mask, completion = _groups(runs)
+    out = {}
+    for share in (False, True):
+        model.zero_grad()
+        seen, handle = _forward_positions(model)
+        try:
+            logprobs = completion_logprobs(model, prompt_ids, prompt_mask, completion, 0.9, share_prompts=share)
+        finally:
+            handle.remove()
+        (logprobs * torch.linspace(-1.0, 1.0, logprobs.numel()).view_as(logprobs)).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        out[share] = logprobs.detach(), grads, seen
+    (plain, plain_grads, plain_seen), (shared, shared_grads, shared_seen) = out[False], out[True]
+    rows, P, C = completion.shape[0], prompt_ids.shape[1], completion.shape[1]
+    assert plain_seen == [rows * (P + C)]
+    torch.testing.assert_close(shared, plain, rtol=0, atol=2e-5)
+    for a, b in zip(shared_grads, plain_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    if len(runs) == rows:  # no two rows share a prompt: every row's own forward, as without sharing
+        assert shared_seen == plain_seen
+    else:  # each prompt once, then the rows' completions but their last token on its copied cache
+        assert shared_seen == [len(runs) * P, rows * (C - 1)]
+    model.zero_grad()
+
+
+def test_sharing_prompts_with_one_completion_token_needs_the_prompts_forward_only(model):
+    prompt_ids, prompt_mask, completion = _groups([4, 4], completion_len=1)
+    seen, handle = _forward_positions(model)
+    try:
+        with torch.no_grad():
+            shared = completion_logprobs(model, prompt_ids, prompt_mask, completion, 1.0, share_prompts=True)
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        plain = completion_logprobs(model, prompt_ids, prompt_mask, completion, 1.0)
+    assert seen == [2 * prompt_ids.shape[1]]
+    torch.testing.assert_close(shared, plain, rtol=0, atol=2e-5)

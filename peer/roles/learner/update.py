@@ -128,6 +128,10 @@ def share_gradient(model, batch: Batch, spec, micro_batch_tokens: int | None = N
     ``n_m / n`` of the completion tokens, sums to the whole batch's loss — policy and KL terms alike — and the
     accumulated gradient is the whole batch's (to float rounding). The statistics combine the same way (token-
     weighted means; the ratio's max over all).
+
+    A group's rows sit side by side (and a micro-batch keeps their order), so each group's prompt runs forward once
+    and only its completions run per row (``completion_logprobs(..., share_prompts=True)``): the same loss and
+    gradient to float rounding.
     """
     rows = batch.advantages.ne(0).nonzero().flatten()
     if rows.numel() == 0:
@@ -146,11 +150,11 @@ def share_gradient(model, batch: Batch, spec, micro_batch_tokens: int | None = N
     try:
         for prompt_ids, prompt_mask, completion_ids, part in parts:
             width = completion_ids.shape[1]
-            logprobs = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, T)
+            logprobs = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, T, share_prompts=True)
             ref = None
             if spec.loss.kl_beta > 0:
                 with torch.no_grad(), model.disable_adapter():
-                    ref = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, T)
+                    ref = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, T, share_prompts=True)
             loss, stats = clipped_policy_loss(
                 logprobs,
                 batch.behaviour[part, :width],
