@@ -161,12 +161,18 @@ def completion_logprobs(
     which turns the cache off) gets every row's own forward.
     Gradients flow into the model's parameters unless the caller runs this under ``torch.no_grad()``.
     """
+    logits = _logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep, share_prompts)
+    return token_logprobs(logits, completion_ids, temperature)
+
+
+def _logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep, share_prompts) -> torch.Tensor:
+    """The completion logits [B, C, V], each run of equal prompts computed once where ``share_prompts`` can."""
     logits = None
     if share_prompts and not getattr(inner_model(model), "is_gradient_checkpointing", False):
         logits = _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids)
     if logits is None:
         logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep)
-    return token_logprobs(logits, completion_ids, temperature)
+    return logits
 
 
 def prompt_runs(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,10 +311,11 @@ def completion_token_stats(
     temperature: float,
     *,
     logits_to_keep: bool | None = None,
+    share_prompts: bool = False,
 ) -> TokenStats:
     """:func:`completion_logprobs` (the same forward pass, the same ``logprobs``) with each token's
     :class:`TokenStats`, float32 [B, C]; for a verifier, so run it under ``torch.no_grad()``."""
-    logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep)
+    logits = _logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep, share_prompts)
     return token_stats(logits, completion_ids, temperature)
 
 

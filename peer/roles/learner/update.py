@@ -120,7 +120,9 @@ def _trimmed(batch: Batch, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     )
 
 
-def share_gradient(model, batch: Batch, spec, micro_batch_tokens: int | None = None) -> Share | None:
+def share_gradient(
+    model, batch: Batch, spec, micro_batch_tokens: int | None = None, share_prompts: bool = True
+) -> Share | None:
     """The clipped loss's gradient over the rows of ``batch`` that carry signal; None when no row does.
 
     ``micro_batch_tokens`` bounds the tokens of one forward/backward (:func:`micro_batches`; None: all rows at
@@ -131,7 +133,8 @@ def share_gradient(model, batch: Batch, spec, micro_batch_tokens: int | None = N
 
     A group's rows sit side by side (and a micro-batch keeps their order), so each group's prompt runs forward once
     and only its completions run per row (``completion_logprobs(..., share_prompts=True)``): the same loss and
-    gradient to float rounding.
+    gradient to float rounding. ``share_prompts=False`` runs every row's own forward (what
+    ``python -m tests.benchmarks.update`` compares with).
     """
     rows = batch.advantages.ne(0).nonzero().flatten()
     if rows.numel() == 0:
@@ -150,11 +153,15 @@ def share_gradient(model, batch: Batch, spec, micro_batch_tokens: int | None = N
     try:
         for prompt_ids, prompt_mask, completion_ids, part in parts:
             width = completion_ids.shape[1]
-            logprobs = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, T, share_prompts=True)
+            logprobs = completion_logprobs(
+                model, prompt_ids, prompt_mask, completion_ids, T, share_prompts=share_prompts
+            )
             ref = None
             if spec.loss.kl_beta > 0:
                 with torch.no_grad(), model.disable_adapter():
-                    ref = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, T, share_prompts=True)
+                    ref = completion_logprobs(
+                        model, prompt_ids, prompt_mask, completion_ids, T, share_prompts=share_prompts
+                    )
             loss, stats = clipped_policy_loss(
                 logprobs,
                 batch.behaviour[part, :width],

@@ -290,14 +290,15 @@ def judge_logprobs(stats: GroupLogprobStats, check: LogprobCheck) -> Refused | N
 
 
 def logprob_stats(model, groups: list[GroupRecord], spec: RunSpec, drift: float) -> list[GroupLogprobStats]:
-    """Each group's :class:`GroupLogprobStats`, its tokens recomputed under ``model`` in one forward pass."""
+    """Each group's :class:`GroupLogprobStats`, its tokens recomputed under ``model`` in one forward pass (each
+    group's prompt once: ``share_prompts``)."""
     import torch
 
     from peer.grpo.logprobs import completion_token_stats
 
     prompt_ids, prompt_mask, ids, _ = pack_rows(groups, 0, next(model.parameters()).device)
     with torch.no_grad():
-        t = completion_token_stats(model, prompt_ids, prompt_mask, ids, spec.sampling.temperature)
+        t = completion_token_stats(model, prompt_ids, prompt_mask, ids, spec.sampling.temperature, share_prompts=True)
     logprobs, entropy, variance = t.logprobs.tolist(), t.entropy.tolist(), t.variance.tolist()
     out, row = [], 0
     for g in groups:
