@@ -190,8 +190,8 @@ def _shared_prompt_logits(
 ) -> torch.Tensor | None:
     """The logits of :func:`_completion_logits`, each run of equal prompts computed once: the prompts' forward (the
     last position's logits only), its KV cache rows copied to the rows of their run, then one forward of every row's
-    completion but its last token on that cache. None when no two rows share a prompt or the model gives no cache
-    (the caller then computes every row's own forward)."""
+    completion but its last token on that cache. None when no two rows share a prompt, or the model gives no cache
+    or one whose rows cannot be copied (the caller then computes every row's own forward)."""
     _check_prompt_layout(prompt_ids, prompt_mask, completion_ids)
     starts, lengths = prompt_runs(prompt_ids, prompt_mask)
     if starts.numel() == prompt_ids.shape[0]:
@@ -213,7 +213,10 @@ def _shared_prompt_logits(
     completion_len = completion_ids.shape[1]
     if completion_len == 1:
         return first
-    cache = select_cache_rows(cache, index)
+    try:
+        cache = select_cache_rows(cache, index)
+    except (TypeError, NotImplementedError, ValueError, AttributeError):  # a cache whose rows cannot be copied
+        return None
     attention_mask = torch.cat(
         [
             prompt_mask,

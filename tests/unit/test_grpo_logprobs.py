@@ -267,3 +267,24 @@ def test_sharing_prompts_with_one_completion_token_needs_the_prompts_forward_onl
         plain = completion_logprobs(model, prompt_ids, prompt_mask, completion, 1.0)
     assert seen == [2 * prompt_ids.shape[1]]
     torch.testing.assert_close(shared, plain, rtol=0, atol=2e-5)
+
+
+def test_a_cache_whose_rows_cannot_be_copied_gets_every_rows_own_forward(model, monkeypatch):
+    from peer.grpo import logprobs as module
+
+    def refuse(cache, index):
+        raise TypeError(f"cannot select rows of a KV cache of type {type(cache).__name__}")
+
+    monkeypatch.setattr(module, "select_cache_rows", refuse)
+    prompt_ids, prompt_mask, completion = _groups([4, 4])
+    seen, handle = _forward_positions(model)
+    try:
+        with torch.no_grad():
+            shared = completion_logprobs(model, prompt_ids, prompt_mask, completion, 1.0, share_prompts=True)
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        plain = completion_logprobs(model, prompt_ids, prompt_mask, completion, 1.0)
+    rows, P, C = completion.shape[0], prompt_ids.shape[1], completion.shape[1]
+    assert seen == [2 * P, rows * (P + C)], "the prompts' forward, then every row's own"
+    torch.testing.assert_close(shared, plain, rtol=0, atol=0)
