@@ -168,11 +168,22 @@ def completion_logprobs(
 def _logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep, share_prompts) -> torch.Tensor:
     """The completion logits [B, C, V], each run of equal prompts computed once where ``share_prompts`` can."""
     logits = None
-    if share_prompts and not getattr(inner_model(model), "is_gradient_checkpointing", False):
+    if share_prompts and not _checkpointing(model):
         logits = _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids)
     if logits is None:
         logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep)
     return logits
+
+
+def _checkpointing(model) -> bool:
+    """Whether the model recomputes activations in backward (its forward then returns no KV cache):
+    ``is_activation_checkpointing``, or ``is_gradient_checkpointing`` in transformers that predate it (a deprecated
+    alias now, warning at every read). Read off the class first, so neither property runs unless it exists."""
+    inner = inner_model(model)
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(inner), name):
+            return bool(getattr(inner, name))
+    return False
 
 
 def prompt_runs(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

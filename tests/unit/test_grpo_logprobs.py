@@ -1,5 +1,7 @@
 """Per-token log-probs: the formula, the completion mask, and agreement with what generate() recorded."""
 
+import contextlib
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
@@ -219,13 +221,17 @@ def _groups(runs, completion_len=5):
     return distinct_ids[index], distinct_mask[index], completion
 
 
+@contextlib.contextmanager
 def _forward_positions(model):
-    """Records the positions each forward of ``model`` computes (rows x tokens)."""
+    """The positions each forward of ``model`` computes (rows x tokens) while inside, as a list."""
     seen = []
     handle = model.register_forward_pre_hook(
         lambda _m, _args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True
     )
-    return seen, handle
+    try:
+        yield seen
+    finally:
+        handle.remove()
 
 
 @pytest.mark.parametrize("runs", [[8, 8, 8], [3, 1, 8, 2], [1, 1]])
@@ -234,11 +240,8 @@ def test_rows_that_share_a_prompt_compute_it_once_with_the_same_logprobs_and_gra
     out = {}
     for share in (False, True):
         model.zero_grad()
-        seen, handle = _forward_positions(model)
-        try:
+        with _forward_positions(model) as seen:
             logprobs = completion_logprobs(model, prompt_ids, prompt_mask, completion, 0.9, share_prompts=share)
-        finally:
-            handle.remove()
         (logprobs * torch.linspace(-1.0, 1.0, logprobs.numel()).view_as(logprobs)).sum().backward()
         grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
         out[share] = logprobs.detach(), grads, seen
@@ -257,12 +260,8 @@ def test_rows_that_share_a_prompt_compute_it_once_with_the_same_logprobs_and_gra
 
 def test_sharing_prompts_with_one_completion_token_needs_the_prompts_forward_only(model):
     prompt_ids, prompt_mask, completion = _groups([4, 4], completion_len=1)
-    seen, handle = _forward_positions(model)
-    try:
-        with torch.no_grad():
-            shared = completion_logprobs(model, prompt_ids, prompt_mask, completion, 1.0, share_prompts=True)
-    finally:
-        handle.remove()
+    with _forward_positions(model) as seen, torch.no_grad():
+        shared = completion_logprobs(model, prompt_ids, prompt_mask, completion, 1.0, share_prompts=True)
     with torch.no_grad():
         plain = completion_logprobs(model, prompt_ids, prompt_mask, completion, 1.0)
     assert seen == [2 * prompt_ids.shape[1]]
@@ -277,12 +276,8 @@ def test_a_cache_whose_rows_cannot_be_copied_gets_every_rows_own_forward(model, 
 
     monkeypatch.setattr(module, "select_cache_rows", refuse)
     prompt_ids, prompt_mask, completion = _groups([4, 4])
-    seen, handle = _forward_positions(model)
-    try:
-        with torch.no_grad():
-            shared = completion_logprobs(model, prompt_ids, prompt_mask, completion, 1.0, share_prompts=True)
-    finally:
-        handle.remove()
+    with _forward_positions(model) as seen, torch.no_grad():
+        shared = completion_logprobs(model, prompt_ids, prompt_mask, completion, 1.0, share_prompts=True)
     with torch.no_grad():
         plain = completion_logprobs(model, prompt_ids, prompt_mask, completion, 1.0)
     rows, P, C = completion.shape[0], prompt_ids.shape[1], completion.shape[1]
