@@ -106,8 +106,9 @@ def generate_round(model, tokenizer, ids, mask, args, end_ids) -> int:
     return int(first.sum())
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_model_options(parser) -> None:
+    """The options that say which model, how it is held, and which task's prompts it sees (shared with
+    :mod:`tests.benchmarks.update`)."""
     parser.add_argument("--model", default="bundled")
     parser.add_argument("--quantization", default="nf4", choices=["nf4", "int8", "none"])
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
@@ -116,6 +117,27 @@ def main(argv=None) -> dict:
     parser.add_argument("--task-config", default="{}", help="JSON object of task options")
     parser.add_argument("--chat-template", default="none", choices=["none", "auto"])
     parser.add_argument("--system-prompt", default="")
+
+
+def load_model(args):
+    """``(base, model with a fresh LoRA adapter, prompt settings, task)`` as :func:`add_model_options` chose them,
+    loaded with the peer's own loader."""
+    from peer.grpo.config import PromptConfig
+    from peer.model.adapter import attach_lora
+    from peer.model.config import LoRAConfig, ModelConfig
+    from peer.model.loading import load_base
+    from peer.tasks import get_task
+
+    base = load_base(
+        ModelConfig(name=args.model, quantization=args.quantization, dtype=args.dtype, device=args.device)
+    )
+    prompt = PromptConfig(chat_template=args.chat_template, system_prompt=args.system_prompt)
+    return base, attach_lora(base.model, LoRAConfig()), prompt, get_task(args.task, json.loads(args.task_config))
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_options(parser)
     parser.add_argument("--prompts", type=int, default=8, help="prompts per batch")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -128,21 +150,12 @@ def main(argv=None) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    from peer.grpo.config import PromptConfig
-    from peer.model.adapter import attach_lora
-    from peer.model.config import LoRAConfig, ModelConfig
-    from peer.model.loading import load_base
     from peer.model.merge import MergedLoRA
     from peer.model.prompts import end_token_ids
     from peer.model.sampling import decode, encode_prompts, sample_groups
-    from peer.tasks import get_task
 
-    base = load_base(
-        ModelConfig(name=args.model, quantization=args.quantization, dtype=args.dtype, device=args.device)
-    )
-    model, tokenizer, device = attach_lora(base.model, LoRAConfig()), base.tokenizer, base.device
-    prompt = PromptConfig(chat_template=args.chat_template, system_prompt=args.system_prompt)
-    task = get_task(args.task, json.loads(args.task_config))
+    base, model, prompt, task = load_model(args)
+    tokenizer, device = base.tokenizer, base.device
     texts = [task.example(0, i).prompt for i in range(args.prompts)]
     repeated = [t for t in texts for _ in range(args.group_size)]
     ids, mask = encode_prompts(tokenizer, repeated, device, prompt)

@@ -31,6 +31,8 @@ import statistics
 import time
 from pathlib import Path
 
+from tests.benchmarks.decode import add_model_options, load_model
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 KINDS = ("every row's forward", "a group's prompt once")
@@ -38,14 +40,7 @@ KINDS = ("every row's forward", "a group's prompt once")
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="bundled")
-    parser.add_argument("--quantization", default="nf4", choices=["nf4", "int8", "none"])
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--task", default="addition")
-    parser.add_argument("--task-config", default="{}", help="JSON object of task options")
-    parser.add_argument("--chat-template", default="none", choices=["none", "auto"])
-    parser.add_argument("--system-prompt", default="")
+    add_model_options(parser)
     parser.add_argument("--prompts", type=int, default=16, help="groups per update")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=6)
@@ -58,20 +53,12 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(args.threads)
     from peer.grpo import group_advantages
-    from peer.grpo.config import LossConfig, PromptConfig, SamplingConfig
-    from peer.model.adapter import attach_lora
-    from peer.model.config import LoRAConfig, ModelConfig
-    from peer.model.loading import load_base
+    from peer.grpo.config import LossConfig, SamplingConfig
     from peer.model.sampling import sample_groups
     from peer.roles.learner.update import Batch, share_gradient
-    from peer.tasks import get_task
 
-    base = load_base(
-        ModelConfig(name=args.model, quantization=args.quantization, dtype=args.dtype, device=args.device)
-    )
-    model, tokenizer, device = attach_lora(base.model, LoRAConfig()), base.tokenizer, base.device
-    prompt = PromptConfig(chat_template=args.chat_template, system_prompt=args.system_prompt)
-    task = get_task(args.task, json.loads(args.task_config))
+    base, model, prompt, task = load_model(args)
+    tokenizer, device = base.tokenizer, base.device
     sampled = sample_groups(
         model,
         tokenizer,
