@@ -142,8 +142,12 @@ def test_status_web_page_and_a_swarm_that_outlives_its_coordinator(tmp_path, pro
     assert first["manifest"]["coordinator"] == info["coordinator"] and first["problems"] == []
     assert by_role(first)["coordinator"][0]["peer_id"] == host_id
     second = wait_until(
-        lambda: (s := status("coord1", info["initial_peers"]))["adapter_version"] > first["adapter_version"] and s,
-        "a higher adapter version",
+        lambda: (
+            (s := status("coord1", info["initial_peers"]))["adapter_version"] > first["adapter_version"]
+            and all(p["state"] == "running" for p in s["peers"])  # a state change shows at the peer's next beat
+            and s
+        ),
+        "a higher adapter version, every peer running",
         90,
         running,
     )
