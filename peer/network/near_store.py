@@ -1,13 +1,16 @@
 """Stores that skip the lookup when this DHT node already knows a key's nearest nodes (runs in the DHT process).
 
 hivemind's ``store_many`` looks up a key's nearest nodes before every store: one round of requests, then the store
-round. A rollout peer stores into the same bucket key (its adapter version's) many times, so :func:`store_near`
-remembers the nearest nodes a lookup found, for ``REMEMBER`` seconds per key (``REMEMBER_FEW`` when it found fewer
-than the replicas asked for), and stores straight to them: one round instead of two. A replica that does not answer
-forgets the key's nodes (the next store looks them up again); a store no replica took falls back to hivemind's own
-``store_many``. A node that joins nearer to the key while its nodes are remembered does not get the entries stored
-meanwhile; readers still find them on the other nearest nodes, which their narrow search also asks
-(``peer.network.swarm``, "search width").
+round. A rollout peer stores into the same bucket keys (a ring of 64, one per adapter version) many times, so
+:func:`store_near` remembers the nearest nodes a lookup found, for ``REMEMBER`` seconds per key (``REMEMBER_FEW`` when
+it found fewer than the replicas asked for), and stores straight to them: one round instead of two. Before each such
+store it asks this node's routing table (no request) whether it knows a node nearer to the key than one of the
+remembered ones, or, for a set not full, any other node: a node that joined near the key and that this node has
+heard of (every request it sends or answers does that) makes it look the key up again. A replica that does not
+answer forgets the key's nodes too (the next store looks them up again); a store no replica took falls back to
+hivemind's own ``store_many``. A node that joins nearer to the key unheard of by this node does not get the entries
+stored meanwhile, for at most ``REMEMBER``; readers still find them on the other nearest nodes, which their narrow
+search also asks (``peer.network.swarm``, "search width").
 
 Records are signed and the local copy validated exactly as ``DHTNode.store_many`` does.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-REMEMBER = 30.0  # seconds a key's nearest nodes are reused for
+REMEMBER = 300.0  # seconds a key's nearest nodes are reused for, unless the routing table knows a nearer node
 REMEMBER_FEW = 5.0  # seconds, when the lookup found fewer nodes than the replicas asked for (a small swarm)
 _nearest: dict = {}  # key DHTID -> (monotonic time it is forgotten, {node DHTID: PeerID}) in this DHT process
 _background: set = set()  # replica stores still running after the call returned
@@ -133,7 +136,7 @@ def _send(node, peer_id, key_id, subkeys: list, records: list):
 async def _nearest_nodes(node, key_id, replicas: int) -> dict:
     now = time.monotonic()
     known = _nearest.get(key_id)
-    if known is not None and now < known[0]:
+    if known is not None and now < known[0] and not _nearer_known(node, key_id, known[1], replicas):
         return known[1]
     found = await node.find_nearest_nodes([key_id], k_nearest=replicas, beam_size=replicas, num_workers=replicas)
     nearest = found[key_id]  # includes this node when it is one of the nearest
@@ -145,6 +148,16 @@ async def _nearest_nodes(node, key_id, replicas: int) -> dict:
     for stale in [k for k, (until, _) in _nearest.items() if now >= until]:
         del _nearest[stale]
     return nearest
+
+
+def _nearer_known(node, key_id, nearest: dict, replicas: int) -> bool:
+    """Whether this node's routing table holds a node that belongs among ``key_id``'s ``replicas`` nearest and is
+    not in ``nearest`` (a local lookup: no request)."""
+    table = node.protocol.routing_table.get_nearest_neighbors(key_id, replicas, exclude=node.node_id)
+    farthest = max(key_id.xor_distance(n) for n in nearest)
+    return any(
+        n not in nearest and (len(nearest) < replicas or key_id.xor_distance(n) < farthest) for n, _ in table
+    )
 
 
 def _keep(task) -> None:

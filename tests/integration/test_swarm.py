@@ -251,6 +251,54 @@ def test_narrow_stores_look_a_key_up_once_and_again_after_a_replica_stops_answer
         assert len(a.get_dict(bucket_key("run", 2), narrow=True)) == 3
 
 
+async def _node_id(_dht, node) -> int:
+    """Runs in a DHT process: the node's DHT id."""
+    return int(node.node_id)
+
+
+@pytest.mark.timeout(120)
+def test_a_remembered_key_is_looked_up_again_once_a_nearer_node_is_known():
+    """Five peers: the first store to each of the 64 bucket keys looks it up, a second one does not; after a sixth
+    peer joined and the storing node heard of it, a store to each looks up exactly the keys whose 2 nearest nodes
+    now include the sixth (a local check of the routing table, no request for the others), and lands on it there."""
+    from hivemind.dht.routing import DHTID
+
+    from peer.network.swarm import NetworkConfig, join
+    from peer.protocol import BUCKET_RING, BucketEntry, bucket_key, group_subkey, to_dht_value
+
+    def store(version: int, seq: int) -> bool:
+        entry = to_dht_value(BucketEntry.of_groups([_group(str(b.peer_id), version, seq)]))
+        item = (bucket_key("run", version), group_subkey(b.public_key, version, seq), entry, time.time() + 60)
+        return b.store_many([item], "bucket entry", all_replicas=True, narrow=True, replicas=2)[0]
+
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(join(NetworkConfig.loopback(), "run"))
+        b, c, d, e = (stack.enter_context(join(NetworkConfig.loopback(a.visible_maddrs()), "run")) for _ in range(4))
+        wait_until(lambda: know_each_other([a, b, c, d, e]), "every peer in every routing table", 30)
+        start = b.dht.run_coroutine(_lookups)
+        assert all(store(v, 0) for v in range(BUCKET_RING))
+        assert b.dht.run_coroutine(_lookups) == start + BUCKET_RING, "one lookup per key"
+        assert all(store(v, 1) for v in range(BUCKET_RING))
+        assert b.dht.run_coroutine(_lookups) == start + BUCKET_RING, "remembered: no lookup"
+
+        f = stack.enter_context(join(NetworkConfig.loopback(a.visible_maddrs()), "run"))
+        six = [a, b, c, d, e, f]
+        wait_until(lambda: know_each_other(six), "the sixth peer in every routing table", 30)
+        ids = [s.dht.run_coroutine(_node_id) for s in six]
+
+        def nearest(version: int) -> list[int]:
+            key_id = int(DHTID.generate(source=bucket_key("run", version)))
+            return sorted(range(6), key=lambda i: ids[i] ^ key_id)[:2]
+
+        near_f = [v for v in range(BUCKET_RING) if 5 in nearest(v)]
+        assert 0 < len(near_f) < BUCKET_RING
+        before = b.dht.run_coroutine(_lookups)
+        assert all(store(v, 2) for v in range(BUCKET_RING))
+        assert b.dht.run_coroutine(_lookups) == before + len(near_f), "a lookup for each key the sixth is near"
+        for v in near_f:
+            assert group_subkey(b.public_key, v, 2) in f.local_dict(bucket_key("run", v)), f"v{v} on the sixth"
+
+
 @pytest.mark.timeout(120)
 def test_a_pushed_entry_reaches_a_reader_that_is_no_replica_and_a_bad_one_is_refused_by_its_node():
     """Seven peers: on a bucket key the reader does not replicate, a narrow store leaves nothing in the reader's
