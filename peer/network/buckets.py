@@ -10,10 +10,12 @@ Entries expire by themselves (``expiration`` seconds: a rollout peer's last as l
 60 s and at most 600 s), so buckets clean up.
 Stores and reads search narrowly (the key's nearest replicas, one round of requests: ``Swarm``'s "search width");
 every ``wide_every`` seconds a read of a version's bucket searches as wide as hivemind does by default, so an entry a
-writer with a stale routing table put on nodes a little off the nearest ones is still found. Writers may also store
-each entry on the peers ``push_to`` names (rollout peers: the learners, from their heartbeats), and a reader with
-``network_every`` (a learner) then reads its own DHT node's copy every time and the network only that often: an
-entry reaches the learner in one request however large the swarm.
+writer with a stale routing table put on nodes a little off the nearest ones is still found. A writer with
+``push_to`` (a rollout peer: the admitted learners, from their heartbeats) delivers each entry to those peers' nodes
+first, and stores on the key's nearest nodes only what none of them took within a second (a learner down, hung or
+refusing); a reader with ``network_every`` (a learner) reads its own DHT node's copy every time and the network only
+that often: an entry reaches the learner in one request however large the swarm, and costs the swarm that request
+alone. The replicas hold the entries no learner took, for the learners a writer does not know yet.
 
 A reader asks for every group in a version range it has not seen yet and gets, per entry, either the group and
 its owner key (the verified signer — the identity bans attach to) or the reason it was refused. Nothing read is
@@ -191,7 +193,7 @@ class DHTBucketStore(BucketStore):
         self.fetch_timeout = fetch_timeout
         self.narrow = narrow  # False: every store and read searches as wide as hivemind's default
         self.wide_every = wide_every
-        self.push_to = push_to  # callable -> peer ids that get every entry stored too (the learners); narrow only
+        self.push_to = push_to  # callable -> peer ids every entry is delivered to first (the learners); narrow only
         self.network_every = network_every  # > 0: read this node's own copy always, the network this often
         self.replicas = replicas  # nearest nodes each entry is stored on (narrow stores)
         self._clock = clock
@@ -211,16 +213,24 @@ class DHTBucketStore(BucketStore):
         return [self._item(b) for b in split_batches(groups)]
 
     def store_entries(self, entries: list[tuple[str, bytes, dict]]) -> None:
-        """Store the entries concurrently; retry what no node took."""
+        """Deliver the entries to the learners ``push_to`` names; store those none of them took on the key's nearest
+        nodes, concurrently; retry what no node took."""
         pending = dict(enumerate(entries))
         life = self.expiration() if callable(self.expiration) else self.expiration  # one life for every attempt
+        learners = tuple(self.push_to()) if self.push_to is not None and self.narrow else ()
+        if learners:
+            items = [(k, sk, v, time.time() + life) for k, sk, v in entries]
+            for i, took in enumerate(self.swarm.deliver(items, learners, "bucket entry")):
+                if took:
+                    del pending[i]
+            if not pending:
+                return
         for attempt in range(self.store_attempts):
             keys = list(pending)
             # hivemind's DHT time is wall-clock time; a retry may extend, never shorten, an entry's life
             items = [(k, sk, v, time.time() + life) for k, sk, v in (pending[i] for i in keys)]
-            also = tuple(self.push_to()) if self.push_to is not None and self.narrow else ()
             stored = self.swarm.store_many(
-                items, "bucket entry", all_replicas=False, narrow=self.narrow, also=also, replicas=self.replicas
+                items, "bucket entry", all_replicas=False, narrow=self.narrow, replicas=self.replicas
             )
             for i, ok in zip(keys, stored, strict=True):
                 if ok:

@@ -119,6 +119,39 @@ async def push(node, items: list, peers: tuple) -> int:
     return len(targets)
 
 
+DELIVER_WAIT = 1.0  # s a delivery waits for the peers to take the records (then the caller stores them as usual)
+
+
+async def deliver(node, items: list, peers: tuple, wait: float = DELIVER_WAIT) -> list[bool]:
+    """Send ``(key, subkey, value, expiration)`` items, signed, to the nodes of ``peers`` (base58 ids) and wait up to
+    ``wait`` s for them: per item, whether one of those nodes took it (validated it as a replica does). A bucket
+    entry a learner took needs no replica (``peer.network.buckets``). Sends still running at the deadline go on in
+    the background."""
+    from hivemind.dht.routing import DHTID
+    from hivemind.p2p import PeerID
+
+    by_key: dict = {}
+    for i, (key, *_) in enumerate(items):
+        by_key.setdefault(DHTID.generate(source=key), []).append(i)
+    targets = {PeerID.from_base58(p) for p in peers} - {node.peer_id}
+    stored = [False] * len(items)
+    tasks = {}
+    for key_id, idx in by_key.items():
+        records = [_signed(node, key_id, items[i][1], items[i][2], items[i][3]) for i in idx]
+        for peer_id in targets:
+            tasks[_send(node, peer_id, key_id, [items[i][1] for i in idx], records)] = idx
+    pending, deadline = set(tasks), time.monotonic() + wait
+    while pending and not all(stored) and (left := deadline - time.monotonic()) > 0:
+        done, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            answer = task.result()
+            for i, took in zip(tasks[task], answer or (), strict=False):
+                stored[i] |= bool(took)
+    for task in pending:
+        _keep(task)
+    return stored
+
+
 def _send(node, peer_id, key_id, subkeys: list, records: list):
     """One store request of the signed ``records`` (under ``key_id``, with their ``subkeys``) to ``peer_id``: a
     task that answers what the peer's node took, or None if it did not answer."""
@@ -155,9 +188,7 @@ def _nearer_known(node, key_id, nearest: dict, replicas: int) -> bool:
     not in ``nearest`` (a local lookup: no request)."""
     table = node.protocol.routing_table.get_nearest_neighbors(key_id, replicas, exclude=node.node_id)
     farthest = max(key_id.xor_distance(n) for n in nearest)
-    return any(
-        n not in nearest and (len(nearest) < replicas or key_id.xor_distance(n) < farthest) for n, _ in table
-    )
+    return any(n not in nearest and (len(nearest) < replicas or key_id.xor_distance(n) < farthest) for n, _ in table)
 
 
 def _keep(task) -> None:

@@ -263,6 +263,21 @@ async def _push_file(path: str, peers: tuple, _dht, node) -> int:
     return await push(node, items, peers)
 
 
+async def _deliver_file(path: str, peers: tuple, _dht, node) -> list[bool]:
+    """Runs inside the DHT process: :func:`~peer.network.near_store.deliver` the records of the msgpack file at
+    ``path`` (then delete it) to ``peers``."""
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    from peer.network.near_store import deliver
+
+    file = Path(path)
+    try:
+        items = MSGPackSerializer.loads(file.read_bytes())
+    finally:
+        file.unlink(missing_ok=True)
+    return await deliver(node, items, peers)
+
+
 def subkey_tag(subkey) -> int:
     """A short tag of a DHT subkey (64 bits of its blake2b): what a reader passes to :meth:`Swarm.local_dict` to
     skip the entries it has read already."""
@@ -472,6 +487,14 @@ class Swarm:
             return 0
         with self._spooled(items, what) as path:
             return self.call(partial(_push_file, path, tuple(peers)))
+
+    def deliver(self, items: list[tuple[str, bytes, Any, float]], peers: Sequence[str], what: str) -> list[bool]:
+        """Like :meth:`push`, but wait (at most ``near_store.DELIVER_WAIT`` s) for the peers' nodes to answer: per
+        record, whether one of them took it."""
+        if not peers:
+            return [False] * len(items)
+        with self._spooled(items, what) as path:
+            return self.call(partial(_deliver_file, path, tuple(peers)))
 
     def get_dict(self, key: str, *, narrow: bool = False) -> dict:
         """The ``{subkey: ValueWithExpiration}`` dictionary under ``key`` (empty if none), merged from every node the

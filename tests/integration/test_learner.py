@@ -41,7 +41,6 @@ def test_one_rollout_peer_and_one_learner_make_versions_the_rollout_peer_follows
     from peer.model.config import ModelConfig
     from peer.model.loading import load_base
     from peer.network.blobs.cache import BlobCache
-    from peer.network.buckets import DHTBucketStore
     from peer.run.adapters import announcements
     from peer.run.spec import read_manifest, run_spec
 
@@ -56,6 +55,8 @@ def test_one_rollout_peer_and_one_learner_make_versions_the_rollout_peer_follows
         "4",
         "--max-inflight",
         "4",
+        "--ledger",
+        str(tmp_path / "rollout.jsonl"),
     )  # few groups ahead of the learner: the peer must follow the versions it makes
     ledger, checkpoints = tmp_path / "ledger.jsonl", tmp_path / "ckpt"
     learn = [*learn_args(info), "--cache-dir", str(tmp_path / "l"), "--checkpoint-dir", str(checkpoints)]
@@ -64,7 +65,7 @@ def test_one_rollout_peer_and_one_learner_make_versions_the_rollout_peer_follows
     assert summary["versions_made"] == 4 and summary["adapter_version"] == 4, summary
     assert summary["groups_rejected"] == {} and summary["banned"] == [], summary
 
-    swarm, blobs = reader("learn1", info["initial_peers"])
+    swarm, _ = reader("learn1", info["initial_peers"])
     manifest, key = read_manifest(swarm, info["coordinator"])
     assert run_spec(manifest, key).staleness.tau_max == 3, "hivegrpo host --tau-max reaches the manifest"
 
@@ -97,12 +98,15 @@ def test_one_rollout_peer_and_one_learner_make_versions_the_rollout_peer_follows
     for f in manifest.model.files:
         assert learner_cache.has(f.sha256) and learner_cache.verify(f.sha256), f.path
 
-    # the rollout peer generated with the versions the learner made, tagged with their exact sha256
-    store = DHTBucketStore(swarm, blobs)
-    tagged = {f.group.version: f.group.adapter_sha256 for f in store.fetch(0, 4) if f.group is not None}
+    # the rollout peer generated with the versions the learner made, swapped in with their exact sha256 (the
+    # learner took its entries itself, so they left with it; the groups' own tags were checked by its intake, which
+    # refuses a tag that is not its version's: groups_rejected is empty above)
+    rollout_lines = _ledger(tmp_path / "rollout.jsonl")
+    sampled = {line["version"] for line in rollout_lines if line["kind"] == "batch"}
+    swapped = {line["version"]: line["sha256"] for line in rollout_lines if line["kind"] == "swap"}
     # (paced to the learner's demand it samples ahead with the version it holds: it may skip one of them)
-    assert 0 in tagged and len(set(tagged) & {1, 2, 3, 4}) >= 2, tagged
-    assert all(tagged[v] == sha[v] for v in tagged), tagged
+    assert 0 in sampled and len(sampled & {1, 2, 3, 4}) >= 2, sampled
+    assert set(swapped) >= sampled - {0} and all(swapped[v] == sha[v] for v in swapped), (swapped, sha)
 
     # restarted with the same checkpoint directory: resumes at v4 (not from scratch), ends at v6
     learner = procs.start(

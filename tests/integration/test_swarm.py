@@ -300,6 +300,33 @@ def test_a_remembered_key_is_looked_up_again_once_a_nearer_node_is_known():
 
 
 @pytest.mark.timeout(120)
+def test_an_entry_a_learner_took_is_stored_on_no_replica_and_one_none_took_on_the_nearest_nodes():
+    """Five peers: a bucket store with ``push_to`` delivers the entry to that peer's node and to no other; once that
+    peer is gone, the next entry goes to the key's nearest nodes instead, where any reader finds it."""
+    from peer.network.buckets import DHTBucketStore
+    from peer.network.swarm import NetworkConfig, join
+    from peer.protocol import bucket_key, group_subkey
+
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(join(NetworkConfig.loopback(), "run"))
+        w, c, d = (stack.enter_context(join(NetworkConfig.loopback(a.visible_maddrs()), "run")) for _ in range(3))
+        r = join(NetworkConfig.loopback(a.visible_maddrs()), "run")
+        try:
+            wait_until(lambda: know_each_other([a, w, c, d, r]), "every peer in every routing table", 30)
+            store = DHTBucketStore(w, push_to=lambda: (str(r.peer_id),))
+            key, first = bucket_key("run", 3), group_subkey(w.public_key, 3, 0)
+            store.publish(_group(str(w.peer_id), 3, 0))
+            assert list(r.local_dict(key)) == [first], "the learner's node took it"
+            assert not any(s.local_dict(key) for s in (a, w, c, d)), "and no other node has it"
+        finally:
+            r.shutdown()
+        store.publish(_group(str(w.peer_id), 3, 1))
+        found = [set(s.get_dict(key, narrow=True)) for s in (a, c, d)]
+        assert all(f == {group_subkey(w.public_key, 3, 1)} for f in found), "on the nearest nodes"
+        assert sum(bool(s.local_dict(key)) for s in (a, w, c, d)) == 2, "2 replicas"
+
+
+@pytest.mark.timeout(120)
 def test_a_pushed_entry_reaches_a_reader_that_is_no_replica_and_a_bad_one_is_refused_by_its_node():
     """Seven peers: on a bucket key the reader does not replicate, a narrow store leaves nothing in the reader's
     own node; the same store pushed to it does (its node validates it like a replica's), a wrong-schema one not."""

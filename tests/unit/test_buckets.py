@@ -96,20 +96,30 @@ def test_a_reader_with_pushed_copies_reads_its_own_node_and_the_network_only_now
     assert reads(3) == ["local"]
 
 
-def test_a_writer_pushes_its_entries_to_the_peers_push_to_names_on_narrow_stores_only():
-    stored = []
+def test_a_writer_delivers_its_entries_to_the_learners_and_stores_on_replicas_only_what_none_took():
+    calls, taken = [], [True]
     swarm = SimpleNamespace(
         run_id="r",
         public_key=b"ssh-rsa A",
         peer_id=PID,
-        store_many=lambda items, what, all_replicas, narrow, also, replicas: (
-            stored.append((narrow, also, replicas)) or [True] * len(items)
+        deliver=lambda items, peers, what: calls.append(("deliver", peers)) or taken * len(items),
+        store_many=lambda items, what, all_replicas, narrow, replicas: (
+            calls.append(("store", narrow, replicas)) or [True] * len(items)
         ),
     )
-    DHTBucketStore(swarm, push_to=lambda: ("QmLearner",)).publish(make_group(version=2, seq=0))
-    DHTBucketStore(swarm, narrow=False, push_to=lambda: ("QmLearner",)).publish(make_group(version=2, seq=1))
-    DHTBucketStore(swarm).publish(make_group(version=2, seq=2))
-    assert stored == [(True, ("QmLearner",), 2), (False, (), 2), (True, (), 2)], "on 2 nearest nodes besides"
+
+    def publish(seq: int, **kwargs) -> list:
+        calls.clear()
+        DHTBucketStore(swarm, **kwargs).publish(make_group(version=2, seq=seq))
+        return list(calls)
+
+    learner = {"push_to": lambda: ("QmLearner",)}
+    assert publish(0, **learner) == [("deliver", ("QmLearner",))], "a learner took it: no replica"
+    taken[0] = False
+    assert publish(1, **learner) == [("deliver", ("QmLearner",)), ("store", True, 2)], "none took it: 2 replicas"
+    assert publish(2, narrow=False, **learner) == [("store", False, 2)], "a wide store delivers nothing"
+    assert publish(3, push_to=lambda: ()) == [("store", True, 2)], "no learner known: the replicas"
+    assert publish(4) == [("store", True, 2)]
 
 
 def test_entries_whose_groups_a_reader_has_are_left_out_of_its_next_reads_of_its_own_node():

@@ -350,7 +350,7 @@ def test_oversize_group_batch_goes_as_a_blob_pointer():
         run_id=RUN,
         public_key=PUB_A,
         peer_id=ih.PEER_ID,
-        store_many=lambda items, what, all_replicas, narrow, also, replicas: (
+        store_many=lambda items, what, all_replicas, narrow, replicas: (
             searches.add(narrow) or stores.extend(items) or [True] * len(items)
         ),
     )

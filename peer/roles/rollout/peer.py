@@ -408,6 +408,7 @@ class RolloutPeer:
         self._ledger(
             kind="swap",
             version=version,
+            sha256=sha,
             held=held,
             announced=announced,
             size=len(blob),
