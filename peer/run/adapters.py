@@ -88,13 +88,16 @@ def announce_adapter(
     demand: Demand | None = None,
     exempt: Sequence[str] | None = None,
     push_to: Sequence[str] = (),
+    replicate: bool = True,
 ) -> AdapterRecord:
     """Serve ``blob`` from this peer's cache and announce it as adapter ``version`` under this peer's subkey;
     ``ancestors``: the sha256 of the versions before it, newest first (the parent first), as far as known;
     ``demand``: what this learner consumes (rollout peers pace to it). The blob is *seeded*: served to a couple
     of peers, then to the peers ``exempt`` names (the run's other learners) and, for a few seconds, nobody else
     (see :class:`~peer.network.blobs.server.Seeding`). ``push_to``: the followers whose DHT nodes get the
-    announcement too, at once (at most ``MAX_PUSHED`` of them; the module docstring)."""
+    announcement too, at once (at most ``MAX_PUSHED`` of them; the module docstring). ``replicate=False``: the
+    followers' nodes only, when one of them takes it (else the key's replicas too, as always); the caller stores it
+    on the replicas later (:func:`store_announcement`), as :class:`~peer.roles.learner.io.Announcer` does."""
     sha = blobs.cache.put_bytes(blob)
     if getattr(blobs, "seeding", None) is not None:
         blobs.seeding.seed(sha, exempt)
@@ -113,6 +116,19 @@ def announce_adapter(
     followers = list(push_to)
     if len(followers) > MAX_PUSHED:
         followers = random.sample(followers, MAX_PUSHED)
+    if not replicate and followers:
+        item = (key, subkey, value, time.time() + ttl)
+        if swarm.deliver([item], followers, "adapter announcement")[0]:
+            return record
+        followers = []  # none took it: the replicas, now
+    store_announcement(swarm, record, ttl, push_to=followers)
+    return record
+
+
+def store_announcement(swarm, record: AdapterRecord, ttl: float = ANNOUNCEMENT_TTL, push_to: Sequence[str] = ()):
+    """Store this peer's announcement ``record`` on the adapter key's replicas (and push it to ``push_to``)."""
+    key, subkey, value = adapter_key(swarm.run_id), owner_subkey(swarm.public_key), to_dht_value(record)
+    followers = list(push_to)
     for attempt in range(4):  # a store can come back refused under load; the retry expires later, so it wins
         also = tuple(followers) if attempt == 0 else ()  # pushed once, in the background; they read the key anyway
         item = (key, subkey, value, time.time() + ttl)
@@ -120,8 +136,9 @@ def announce_adapter(
             break
         time.sleep(0.25 * 2**attempt)
     else:
-        raise UserError(f"no DHT node accepted the announcement of adapter v{version}; check this peer's connection")
-    return record
+        raise UserError(
+            f"no DHT node accepted the announcement of adapter v{record.version}; check this peer's connection"
+        )
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,40 @@ def test_the_metrics_are_stored_at_most_every_few_seconds_the_newest_one_and_at_
     assert announcer.flush(timeout=5) and time.monotonic() - started < 1, "closed: a flush answers at once"
 
 
+def test_followers_get_every_version_and_the_replicas_the_newest_at_most_every_so_often(monkeypatch):
+    """Each version goes to the followers as it is announced; the replicas get the newest announcement once
+    ``REPLICATE_EVERY`` has passed, also when no version follows it, and a flush waits for that store."""
+    from peer.roles.learner import io as learner_io
+
+    monkeypatch.setattr(learner_io, "REPLICATE_EVERY", 0.4)
+    announced, replicated = [], []
+
+    def announce(swarm, blobs, version, blob, parent, replicate, **_):
+        announced.append((version, replicate))
+        return f"record of v{version}"
+
+    monkeypatch.setattr(learner_io, "announce_adapter", announce)
+    monkeypatch.setattr(learner_io, "store_announcement", lambda swarm, record: replicated.append(record))
+    a = learner_io.Announcer(_Swarm(), None, followers=lambda: ("QmRollout",))
+    try:
+        for v in range(1, 5):
+            a.submit(v, b"blob", sha(f"v{v - 1}"), None)
+            wait_until(lambda: announced[-1:] and announced[-1][0] == v, f"v{v} announced", 5, interval=0.01)  # noqa: B023
+        assert announced == [(1, True), (2, False), (3, False), (4, False)], "the first on the replicas, then pushed"
+        assert replicated == []
+        wait_until(lambda: replicated == ["record of v4"], "the newest on the replicas, no version after it", 5)
+        a.submit(5, b"blob", sha("v4"), None)
+        started = time.monotonic()
+        assert a.flush(timeout=5) and replicated == ["record of v4", "record of v5"], "a flush waits for it"
+        assert time.monotonic() - started < 1.0
+        time.sleep(0.45)
+        a.submit(6, b"blob", sha("v5"), None)
+        assert a.flush(timeout=5) and announced[-1] == (6, True), "REPLICATE_EVERY after the last: at once"
+        assert replicated == ["record of v4", "record of v5"]
+    finally:
+        a.close()
+
+
 # ---------------------------------------------------------------------------------------------------- the leader
 
 

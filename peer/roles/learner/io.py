@@ -9,14 +9,17 @@ import time
 from collections import deque
 
 from peer.log import get_logger
-from peer.protocol import Demand, MetricsRecord, metrics_key, owner_subkey, to_dht_value
+from peer.protocol import AdapterRecord, Demand, MetricsRecord, metrics_key, owner_subkey, to_dht_value
 from peer.protocol.limits import MAX_ANCESTORS
-from peer.run.adapters import announce_adapter
+from peer.run.adapters import announce_adapter, store_announcement
 
 logger = get_logger(__name__)
 
 METRICS_EVERY = 2.0  # s between two stores of the learner's metrics record at most (a version comes every ~0.4 s)
 REANNOUNCE_EVERY = 120.0  # s; the announcement lives ANNOUNCEMENT_TTL (600 s): an idle learner stays findable
+REPLICATE_EVERY = 1.0  # s between two stores of the announcement on the adapter key's replicas at most (followers
+# get every version at once, pushed; the replicas, read by newcomers, observers and status pages, the newest each
+# second: stored with every version, the replicas' copies were a third of the learner's requests in the demo)
 
 
 class Fetcher:
@@ -127,6 +130,10 @@ class Announcer:
     A submission may carry a ``gate``: it is announced only once ``gate()`` is true (a leading learner's helpers
     must hold the version first, :meth:`peer.roles.learner.team.lead.Lead.holds`); a newer submission replaces a
     waiting one.
+
+    Each version is pushed to the followers (rollout peers) as it is announced; the adapter key's replicas get the
+    newest announcement at most every ``REPLICATE_EVERY`` s (:func:`~peer.run.adapters.store_announcement`), and
+    every announcement when no follower is known or none took it. A flush waits for that store too.
     """
 
     GATE_POLL = 0.01  # s between two looks at a closed gate
@@ -150,6 +157,8 @@ class Announcer:
         self._stop = threading.Event()
         self._metrics: MetricsRecord | None = None  # the newest metrics submitted and not yet stored
         self._metrics_at = -math.inf  # monotonic time of the last store of the metrics
+        self._replicated_at = -math.inf  # monotonic time of the last store of an announcement on the replicas
+        self._unreplicated: AdapterRecord | None = None  # announced to the followers alone, newest, not yet stored
         self._thread = threading.Thread(target=self._run, name="adapter-announcer", daemon=True)
         self._thread.start()
 
@@ -214,7 +223,10 @@ class Announcer:
     def _run(self) -> None:
         last = time.monotonic()
         while not self._stop.is_set():
-            self._wake.wait(timeout=METRICS_EVERY if self._metrics is not None else REANNOUNCE_EVERY)
+            timeout = METRICS_EVERY if self._metrics is not None else REANNOUNCE_EVERY
+            if self._unreplicated is not None:
+                timeout = min(timeout, max(0.0, self._replicated_at + REPLICATE_EVERY - time.monotonic()))
+            self._wake.wait(timeout=timeout)
             self._wake.clear()
             with self._lock:
                 pending, self._pending = self._pending, None
@@ -235,12 +247,16 @@ class Announcer:
                 if self._current is not None and time.monotonic() - last >= REANNOUNCE_EVERY:
                     pending = self._current
                 else:
+                    self._replicate()
                     self._store_metrics(force=False)
-                    self._idle.set()
+                    with self._lock:
+                        if self._pending is None and self._unreplicated is None:
+                            self._idle.set()
                     continue
             version, blob, parent, metrics, _, demand = pending
             try:
-                announce_adapter(
+                replicate = time.monotonic() - self._replicated_at >= REPLICATE_EVERY
+                record = announce_adapter(
                     self.swarm,
                     self.blobs,
                     version,
@@ -250,7 +266,12 @@ class Announcer:
                     demand=demand,
                     exempt=self.exempt() if self.exempt is not None else None,
                     push_to=self.followers() if self.followers is not None else (),
+                    replicate=replicate,
                 )
+                if replicate:
+                    self._replicated_at, self._unreplicated = time.monotonic(), None
+                else:  # to the followers alone (or, when none took it, the replicas too: stored again, harmless)
+                    self._unreplicated = record
                 self.announced, self._current, last = version, pending, time.monotonic()
             except Exception as e:  # the network boundary: keep learning; the next version is announced anyway
                 self.failures += 1
@@ -260,8 +281,23 @@ class Announcer:
                     self._metrics = metrics
             self._store_metrics(force=False)
             with self._lock:
-                if self._pending is None:
+                if self._pending is None and self._unreplicated is None:
                     self._idle.set()
+
+    def _replicate(self) -> None:
+        """Store the newest announcement that only the followers got on the replicas, once ``REPLICATE_EVERY``
+        passed since the last such store (on the announcer's thread)."""
+        record = self._unreplicated
+        if record is None or time.monotonic() - self._replicated_at < REPLICATE_EVERY:
+            return
+        try:
+            store_announcement(self.swarm, record)
+        except Exception as e:  # the network boundary: the next version's store carries the lineage on
+            self.failures += 1
+            logger.warning("could not store the announcement of adapter v%d: %s", record.version, e)
+        self._replicated_at = time.monotonic()
+        if self._unreplicated is record:
+            self._unreplicated = None
 
     def _store_metrics(self, force: bool) -> None:
         """Store the newest metrics submitted, if ``METRICS_EVERY`` passed since the last store (or ``force``).
