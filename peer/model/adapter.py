@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 import weakref
 
 import torch
@@ -50,7 +51,10 @@ def peft_lora_config(config: LoRAConfig, **extra) -> PeftLoraConfig:
 
 def attach_lora(model, config: LoRAConfig) -> PeftModel:
     """Wrap the frozen base with a LoRA adapter whose initial weights depend only on ``config.init_seed``."""
-    peft_model = get_peft_model(model, peft_lora_config(config))
+    with warnings.catch_warnings():  # peft reads transformers' deprecated ``is_gradient_checkpointing`` once, here:
+        # a FutureWarning in every peer's log that nobody running a peer can act on
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        peft_model = get_peft_model(model, peft_lora_config(config))
     initialize_lora(peft_model, config.init_seed)
     for name, param in peft_model.named_parameters():
         param.requires_grad_("lora_" in name)

@@ -234,7 +234,11 @@ def enable_gradient_checkpointing(model) -> None:
     """Recompute each layer's activations during backward instead of keeping them (less memory, ~30% more time;
     the same gradient). Non-reentrant checkpointing, and inputs that require grad so that a frozen base under LoRA
     still has a graph to recompute through (what peft's ``prepare_model_for_kbit_training`` does)."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.25; the old name warns
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.enable_input_require_grads()
 
 
