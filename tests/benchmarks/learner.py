@@ -158,6 +158,7 @@ def main(argv=None) -> dict:
         "learner_seconds": round(learner_seconds, 3),
         "learner_groups_per_second": round(learner_rate, 2),
         "learner_step_seconds_mean": summary["step_seconds_mean"],
+        "learner_busy_fraction": summary["busy_fraction"],
         "learner_steady_groups_per_second": round(learner_steady, 2),
         "bare_seconds": [round(b[0], 3) for b in bare],
         "bare_groups_per_second": [round(r, 2) for r in bare_rates],
@@ -176,7 +177,8 @@ def main(argv=None) -> dict:
         f" batches: {', '.join(f'{r:.1f}' for r in bare_rates)} groups/s; ratio {result['ratio']:.3f}"
         f" (target >= 0.9); from the end of the first update on: {learner_steady:.1f} against"
         f" {statistics.median(bare_steady):.1f} groups/s, ratio {result['ratio_steady']:.3f};"
-        f" same final adapter: {same_adapter}; {args.threads} thread(s)"
+        f" same final adapter: {same_adapter}; the learner's busy fraction {summary['busy_fraction']};"
+        f" {args.threads} thread(s)"
     )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
