@@ -105,18 +105,10 @@ async def push(node, items: list, peers: tuple) -> int:
     background and return at once: a copy for peers that watch their own node's storage (an adapter announcement
     for its followers), not a replica store (their nodes validate the records as a replica's does; one that does not
     answer changes nothing). Returns how many peers it was sent to."""
-    from hivemind.dht.routing import DHTID
     from hivemind.p2p import PeerID
 
-    by_key: dict = {}
-    for key, subkey, value, expiration in items:
-        by_key.setdefault(DHTID.generate(source=key), []).append((subkey, value, expiration))
-    targets = {PeerID.from_base58(p) for p in peers} - {node.peer_id}
-    for key_id, records in by_key.items():
-        signed = [_signed(node, key_id, subkey, value, expiration) for subkey, value, expiration in records]
-        for peer_id in targets:
-            _keep(_send(node, peer_id, key_id, [subkey for subkey, _, _ in records], signed))
-    return len(targets)
+    await deliver(node, items, peers, wait=0.0)
+    return len({PeerID.from_base58(p) for p in peers} - {node.peer_id})
 
 
 DELIVER_WAIT = 1.0  # s a delivery waits for the peers to take the records (then the caller stores them as usual)

@@ -226,13 +226,7 @@ async def _store_file(
     path: str, all_replicas: bool, narrow: bool, also: tuple, replicas: int, _dht, node
 ) -> list[bool]:
     """Runs inside the DHT process: store every record of the msgpack file at ``path`` (then delete it)."""
-    from hivemind.utils.serializer import MSGPackSerializer
-
-    file = Path(path)
-    try:
-        items = MSGPackSerializer.loads(file.read_bytes())
-    finally:
-        file.unlink(missing_ok=True)
+    items = _spooled_items(path)
     if narrow:
         from peer.network.near_store import store_near
 
@@ -251,31 +245,29 @@ async def _store_file(
 
 async def _push_file(path: str, peers: tuple, _dht, node) -> int:
     """Runs inside the DHT process: send every record of the msgpack file at ``path`` (then delete it) to ``peers``."""
-    from hivemind.utils.serializer import MSGPackSerializer
-
     from peer.network.near_store import push
 
-    file = Path(path)
-    try:
-        items = MSGPackSerializer.loads(file.read_bytes())
-    finally:
-        file.unlink(missing_ok=True)
-    return await push(node, items, peers)
+    return await push(node, _spooled_items(path), peers)
 
 
 async def _deliver_file(path: str, peers: tuple, _dht, node) -> list[bool]:
     """Runs inside the DHT process: :func:`~peer.network.near_store.deliver` the records of the msgpack file at
     ``path`` (then delete it) to ``peers``."""
-    from hivemind.utils.serializer import MSGPackSerializer
-
     from peer.network.near_store import deliver
+
+    return await deliver(node, _spooled_items(path), peers)
+
+
+def _spooled_items(path: str) -> list:
+    """The records of a spool file :meth:`Swarm._spooled` wrote (this peer's own, in its private folder); the file
+    is deleted."""
+    from hivemind.utils.serializer import MSGPackSerializer
 
     file = Path(path)
     try:
-        items = MSGPackSerializer.loads(file.read_bytes())
+        return MSGPackSerializer.loads(file.read_bytes())
     finally:
         file.unlink(missing_ok=True)
-    return await deliver(node, items, peers)
 
 
 def subkey_tag(subkey) -> int:
