@@ -2,7 +2,9 @@
 
 ``hivegrpo host`` (with ``--tau-max`` wide enough that nothing turns stale during the run) and ``hivegrpo join``
 run as child processes; the rollout peer fills the bucket of version 0 with ``--groups`` groups and exits (the
-host's DHT node keeps the entries), so no producer competes for the CPU or adds groups. This process then holds
+host's DHT node keeps the entries), so no producer competes for the CPU or adds groups. A group whose rewards are all
+equal never takes an update's slot, so the run makes at most one version per 16 groups with signal (the fill is twice
+the groups the versions need; about a quarter of the bundled model's groups at v0 have none). This process then holds
 a real learner (``peer.roles.learner.peer.LearnerPeer``, its DHT in a child process of its own) and times
 :meth:`~peer.roles.learner.peer.LearnerPeer.run` for ``--versions`` versions:
 reading the buckets from the DHT, verifying every group (prompt re-derived, reward recomputed), the sampled
@@ -45,13 +47,15 @@ def wait_for(predicate, what: str, timeout: float, children=()) -> None:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--versions", type=int, default=24, help="versions the learner makes (16 groups each)")
-    parser.add_argument("--groups", type=int, default=None, help="groups in the bucket (default 16 x versions)")
+    parser.add_argument(
+        "--versions", type=int, default=24, help="versions the learner makes (16 groups with signal each), at most"
+    )
+    parser.add_argument("--groups", type=int, default=None, help="groups in the bucket (default 32 x versions)")
     parser.add_argument("--bare-rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
-    groups = args.groups or 16 * args.versions
+    groups = args.groups or 2 * 16 * args.versions  # about a quarter of the bundled model's first groups carry no signal
     tau_max = min(61, args.versions + 1)
 
     import torch
@@ -61,6 +65,7 @@ def main(argv=None) -> dict:
     from peer.network.buckets import DHTBucketStore
     from peer.network.swarm import NetworkConfig
     from peer.network.swarm import join as join_swarm
+    from peer.roles.learner.intake import carries_signal
     from peer.roles.learner.peer import LearnerConfig, LearnerPeer, batch_tensors, learn_step
 
     class RecordingLearner(LearnerPeer):
@@ -102,8 +107,15 @@ def main(argv=None) -> dict:
             try:  # the host's DHT node holds the (inline) entries now that their producer has left
                 store = DHTBucketStore(counter)
                 wait_for(lambda: store.count(0, 0) >= groups, f"{groups} groups in the bucket", 60, children[:1])
+                read = [f.group for f in store.fetch(0, 0) if f.group is not None]
             finally:
                 counter.shutdown()
+            # a group whose rewards are all equal never takes an update's slot: the learner makes a version per 16
+            # groups with signal, and would wait for more (none come) if asked for more versions than they fill
+            with_signal = sum(carries_signal(g.rewards) for g in read)
+            versions = min(args.versions, with_signal // 16)
+            if versions < 1:
+                raise RuntimeError(f"{with_signal} of {len(read)} groups carry signal: not one version's; use more --groups")
             config = LearnerConfig(
                 run_id=run_id,
                 network=NetworkConfig.loopback(info["initial_peers"]),
@@ -111,7 +123,7 @@ def main(argv=None) -> dict:
                 learner_credential=info["learner_credential"],
                 cache_dir=root / "learner",
                 device="cpu",
-                max_versions=args.versions,
+                max_versions=versions,
             )
             learner = RecordingLearner(config).start()  # its fetcher starts reading the buckets now
             s = learner.session
@@ -147,18 +159,21 @@ def main(argv=None) -> dict:
     after_first = used - len(learner.updates[0][1])  # the steady state: from the end of the first update on
     bare_rates = [used / b[0] for b in bare]
     bare_steady = [after_first / b[1] for b in bare]
-    learner_rate = summary["groups_accepted"] / learner_seconds
+    learner_rate = summary.groups_accepted / learner_seconds
     learner_steady = after_first / (learner.ends[-1] - learner.ends[0])
     result = {
-        "versions": summary["versions_made"],
+        "versions": summary.versions_made,
+        "versions_asked": args.versions,
         "groups_in_bucket": groups,
+        "groups_with_signal": with_signal,
         "groups_used": used,
-        "groups_accepted": summary["groups_accepted"],
-        "logprob_checks": summary["logprob_checks"],
+        "groups_accepted": summary.groups_accepted,
+        "logprob_checks": summary.logprob_checks,
         "learner_seconds": round(learner_seconds, 3),
         "learner_groups_per_second": round(learner_rate, 2),
-        "learner_step_seconds_mean": summary["step_seconds_mean"],
-        "learner_busy_fraction": summary["busy_fraction"],
+        "learner_step_seconds_mean": summary.step_seconds_mean,
+        "learner_busy_fraction": summary.busy_fraction,
+        "learner_phase_seconds": summary.phase_seconds,
         "learner_steady_groups_per_second": round(learner_steady, 2),
         "bare_seconds": [round(b[0], 3) for b in bare],
         "bare_groups_per_second": [round(r, 2) for r in bare_rates],
@@ -172,12 +187,12 @@ def main(argv=None) -> dict:
         "torch": torch.__version__,
     }
     print(
-        f"learner: {summary['versions_made']} versions, {summary['groups_accepted']} groups in {learner_seconds:.2f} s"
-        f" = {learner_rate:.1f} groups/s ({summary['logprob_checks']} log-prob checks); bare loss+step on the same"
+        f"learner: {summary.versions_made} versions, {summary.groups_accepted} groups in {learner_seconds:.2f} s"
+        f" = {learner_rate:.1f} groups/s ({summary.logprob_checks} log-prob checks); bare loss+step on the same"
         f" batches: {', '.join(f'{r:.1f}' for r in bare_rates)} groups/s; ratio {result['ratio']:.3f}"
         f" (target >= 0.9); from the end of the first update on: {learner_steady:.1f} against"
         f" {statistics.median(bare_steady):.1f} groups/s, ratio {result['ratio_steady']:.3f};"
-        f" same final adapter: {same_adapter}; the learner's busy fraction {summary['busy_fraction']};"
+        f" same final adapter: {same_adapter}; the learner's busy fraction {summary.busy_fraction};"
         f" {args.threads} thread(s)"
     )
     if args.out:

@@ -88,6 +88,12 @@ FORGET_EVERY = 8  # versions between two passes that forget old seqs
 RECENT_SIGNAL = 512  # verified groups over which the share without signal is reported
 
 
+def carries_signal(rewards) -> bool:
+    """Whether a verified group's rewards differ (GRPO's advantage is their spread). Each claimed reward is within
+    ``REWARD_TOLERANCE`` of the recomputed one, so a smaller spread may be a claim's rounding, not signal."""
+    return max(rewards) - min(rewards) > 2 * REWARD_TOLERANCE
+
+
 @dataclass(frozen=True)
 class Accepted:
     """A verified group waiting for an update, with the key that signed it."""
@@ -199,8 +205,7 @@ class Intake:
         self.last_arrival[owner] = self.clock()
         self.strikes.pop(owner, None)
         self.muted.pop(owner, None)
-        # each claimed reward is within REWARD_TOLERANCE of the recomputed one: a smaller spread may be a claim
-        signal = max(group.rewards) - min(group.rewards) > 2 * REWARD_TOLERANCE
+        signal = carries_signal(group.rewards)
         self.recent_signal.append(signal)
         if not signal:  # all rewards equal (and recomputed): no advantage, nothing to learn; never takes a slot
             self.counts["no_signal"] += 1
