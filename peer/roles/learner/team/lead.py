@@ -64,6 +64,7 @@ from peer.log import get_logger
 from peer.network import rpc
 from peer.roles.learner.team import messages
 from peer.roles.learner.team.messages import KEEP_STEPS, MAX_ANSWER, MAX_MEMBERS
+from peer.roles.learner.update import tensors_to_bytes
 
 logger = get_logger(__name__)
 
@@ -124,7 +125,8 @@ class Lead:
             self._helpers.clear()
 
     def advance(self, step: dict) -> None:
-        """The update that made ``step["version"]`` is done: helpers get it on their next request."""
+        """The update that made ``step["version"]`` is done: helpers get it on their next request (its ``grads`` a
+        list of tensors, serialized the first time a helper asks for the step)."""
         with self._lock:
             v = step["version"]
             self.version, self.sha = v, step["sha"]
@@ -239,7 +241,7 @@ class Lead:
                 elif version < self.version:
                     steps = [self._steps.get(v) for v in range(version + 1, self.version + 1)]
                     if all(steps):
-                        answer = {"steps": steps}
+                        answer = {"steps": [_on_the_wire(step) for step in steps]}
                     else:
                         answer = None if self._snapshot is None else {"state": self._snapshot}
                         if answer is None:
@@ -324,6 +326,14 @@ def unserve(blobs, lead: Lead) -> None:
 def wins(a: tuple[int, str], b: tuple[int, str]) -> bool:
     """Whether leader ``a`` = (version, peer id) wins over leader ``b``: the higher version, then the smaller id."""
     return a[0] > b[0] or (a[0] == b[0] and a[1] < b[1])
+
+
+def _on_the_wire(step: dict) -> dict:
+    """``step`` with its gradient as bytes, kept so (call with the lock held): serialized once, when a helper first
+    needs it, not on the update's path."""
+    if not isinstance(step["grads"], bytes):
+        step["grads"] = tensors_to_bytes(step["grads"])
+    return step
 
 
 __all__ = ["KEEP_STEPS", "PROTOCOL", "Lead", "TeamClient", "request_limit", "serve", "unserve", "wins"]
