@@ -55,7 +55,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
-    groups = args.groups or 2 * 16 * args.versions  # about a quarter of the bundled model's first groups carry no signal
+    groups = args.groups or 2 * 16 * args.versions  # about a quarter of the groups at v0 carry no signal
     tau_max = min(61, args.versions + 1)
 
     import torch
@@ -73,11 +73,13 @@ def main(argv=None) -> dict:
 
         updates: list = []
         ends: list = []  # when each update returned
+        trained: list = []  # the learner's training CPU seconds then
 
         def _update(self, chosen) -> None:
             self.updates.append((self.session.version, list(chosen)))
             super()._update(chosen)
             self.ends.append(time.perf_counter())
+            self.trained.append(self.train_cpu)
 
     run_id = "bench-learner"
     from peer.demo.swarm import LOOPBACK, Child
@@ -115,7 +117,9 @@ def main(argv=None) -> dict:
             with_signal = sum(carries_signal(g.rewards) for g in read)
             versions = min(args.versions, with_signal // 16)
             if versions < 1:
-                raise RuntimeError(f"{with_signal} of {len(read)} groups carry signal: not one version's; use more --groups")
+                raise RuntimeError(
+                    f"{with_signal} of {len(read)} groups carry signal, not a version's: use more --groups"
+                )
             config = LearnerConfig(
                 run_id=run_id,
                 network=NetworkConfig.loopback(info["initial_peers"]),
@@ -161,6 +165,9 @@ def main(argv=None) -> dict:
     bare_steady = [after_first / b[1] for b in bare]
     learner_rate = summary.groups_accepted / learner_seconds
     learner_steady = after_first / (learner.ends[-1] - learner.ends[0])
+    # training CPU seconds per wall second from the end of the first update on: the pipeline's busy fraction once
+    # groups are there (the whole run's also counts the wait for the first read of the buckets)
+    busy_steady = (learner.trained[-1] - learner.trained[0]) / (learner.ends[-1] - learner.ends[0])
     result = {
         "versions": summary.versions_made,
         "versions_asked": args.versions,
@@ -173,6 +180,7 @@ def main(argv=None) -> dict:
         "learner_groups_per_second": round(learner_rate, 2),
         "learner_step_seconds_mean": summary.step_seconds_mean,
         "learner_busy_fraction": summary.busy_fraction,
+        "learner_busy_fraction_steady": round(busy_steady, 3),
         "learner_phase_seconds": summary.phase_seconds,
         "learner_steady_groups_per_second": round(learner_steady, 2),
         "bare_seconds": [round(b[0], 3) for b in bare],
@@ -192,7 +200,8 @@ def main(argv=None) -> dict:
         f" batches: {', '.join(f'{r:.1f}' for r in bare_rates)} groups/s; ratio {result['ratio']:.3f}"
         f" (target >= 0.9); from the end of the first update on: {learner_steady:.1f} against"
         f" {statistics.median(bare_steady):.1f} groups/s, ratio {result['ratio_steady']:.3f};"
-        f" same final adapter: {same_adapter}; the learner's busy fraction {summary.busy_fraction};"
+        f" same final adapter: {same_adapter}; the learner's busy fraction {summary.busy_fraction}"
+        f" ({busy_steady:.3f} from the end of the first update on);"
         f" {args.threads} thread(s)"
     )
     if args.out:
