@@ -210,6 +210,22 @@ def test_a_leader_announces_only_what_every_active_helper_holds(monkeypatch):
     assert lead.alone and lead.holds(5)
 
 
+def test_a_step_is_serialized_for_the_first_helper_that_asks_for_it_and_only_then():
+    from peer.roles.learner.update import tensors_from_bytes, tensors_to_bytes
+
+    lead = team.Lead("leader")
+    lead.lead(3, sha("v3"))
+    grads = [torch.randn(4, 2), torch.randn(2, 4)]
+    step = {"version": 4, "sha": sha("v4"), "parent": sha("v3"), "grads": grads}
+    lead.advance(step)
+    assert step["grads"] is grads, "a learner alone never serializes a step"
+    sent = _work(lead, "h1", 3, sha("v3"))["steps"][0]["grads"]
+    assert sent == tensors_to_bytes(grads) and step["grads"] == sent, "bytes on the wire, kept for the next helper"
+    again = _work(lead, "h2", 3, sha("v3"))["steps"][0]["grads"]
+    assert again is sent, "serialized once"
+    assert all(torch.equal(a, b) for a, b in zip(tensors_from_bytes(again, grads), grads, strict=True))
+
+
 class _Client:
     def __init__(self, answers: dict):
         self.answers = answers

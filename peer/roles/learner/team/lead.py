@@ -331,7 +331,7 @@ def wins(a: tuple[int, str], b: tuple[int, str]) -> bool:
 def _on_the_wire(step: dict) -> dict:
     """``step`` with its gradient as bytes, kept so (call with the lock held): serialized once, when a helper first
     needs it, not on the update's path."""
-    if not isinstance(step["grads"], bytes):
+    if isinstance(step.get("grads"), list):
         step["grads"] = tensors_to_bytes(step["grads"])
     return step
 
