@@ -190,7 +190,9 @@ class Teamwork:
                 "parent": parent,
                 "sha": record.sha256,
                 "size": len(blob),
-                "grads": grads,  # serialized when a helper first asks for this step (most steps, none does)
+                # kept in host memory (no copy on a CPU: a GPU's would hold KEEP_STEPS gradients), serialized
+                # when a helper first asks for this step (most steps, none does)
+                "grads": [g.detach().cpu() for g in grads],
                 "intake": delta,
                 "record": dict(record.to_json(), ids=[list(a.id) for a in chosen]),
             }
