@@ -154,9 +154,9 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
     from peer.children import CHILD_ENV
 
     # one torch thread in every process of the demo, its own too; more in the environment would make importing torch
-    # start a thread, and a process with two threads does not fork its peers (peer.demo.prestart.can_fork)
+    # start a thread, and a process with two threads does not fork its peers (peer.demo.prestart.can_fork). Torch
+    # is imported only once the host has been started (run_demo): the host's own imports go on beside the demo's
     os.environ.update(CHILD_ENV)
-    use_threads(1)
     from peer.demo import DemoConfig, run_demo
 
     if not (ctx.find_root().params.get("log_level") or os.environ.get("HIVEGRPO_LOG_LEVEL")):

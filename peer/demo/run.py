@@ -22,7 +22,6 @@ from peer.demo.report import live_table, plot, read_ledger, status_line
 from peer.demo.swarm import LocalSwarm
 from peer.errors import UserError
 from peer.log import get_logger
-from peer.model.peft_folder import base_model_name, write_peft_folder
 
 logger = get_logger(__name__)
 SNAPSHOT_EVERY = 2.0  # s between two reads of the swarm's state for the live view (the metrics change every 2 s)
@@ -50,6 +49,13 @@ class DemoConfig:
             raise ValueError(f"learners must be >= 1, got {self.learners}")
         if self.eval_n < 1 or not self.eval_every > 0:
             raise ValueError("eval_n must be >= 1 and eval_every positive")
+
+
+def torch_threads(n: int) -> None:
+    """One torch thread in the demo's own process (its observer evaluates beside the peers)."""
+    import torch
+
+    torch.set_num_threads(n)
 
 
 def default_report_dir() -> Path:
@@ -91,7 +97,8 @@ def run_demo(config: DemoConfig, live: bool | None = None) -> dict:
         display = Live(console=console, refresh_per_second=2, transient=False) if live else None
         try:
             try:
-                swarm.start()
+                swarm.start()  # spawns the host first, then imports torch (the roles' modules) beside it
+                torch_threads(1)
                 info = swarm.info
                 observer = Observer(config.run_id, info["initial_peers"], info["coordinator"], Path(tmp) / "observer")
                 observer.start()
@@ -134,6 +141,8 @@ def run_demo(config: DemoConfig, live: bool | None = None) -> dict:
                 if observer.version != evaluations[-1]["version"]:
                     evaluations.append(_evaluate(observer, config.eval_n, t0))
             # stopped at the target: the version that reached it is the result (a newer one may score less)
+            from peer.model.peft_folder import base_model_name, write_peft_folder  # torch: not before the host starts
+
             base = base_model_name(observer.session.spec.manifest.model.name)
             write_peft_folder(report_dir / "adapter", observer.session.blob, base)
         finally:
