@@ -31,7 +31,9 @@ def test_it_waits_for_the_info_file_and_gives_up_after_the_timeout(tmp_path):
     started = time.monotonic()
     assert wait_for(path, 0.3, os.getppid()) is None
     assert 0.3 <= time.monotonic() - started < 5
-    threading.Timer(0.3, lambda: path.write_text(json.dumps(INFO))).start()
+    # written whole, then renamed, as the host writes it (peer.files.write_private): a reader never sees half of it
+    part = tmp_path / "info.json.part"
+    threading.Timer(0.3, lambda: (part.write_text(json.dumps(INFO)), part.replace(path))).start()
     assert wait_for(path, 30, os.getppid()) == INFO
 
 
