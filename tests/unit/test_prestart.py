@@ -137,11 +137,11 @@ def start_then_stop(self, *args, **kwargs):  # where the demo starts its host, t
     os._exit(0)
 
 peer.demo.swarm.LocalSwarm.start = start_then_stop
-peer.cli.main(["demo", "--json"])
+peer.cli.main(["demo", "--json", "--report-dir", sys.argv[1]])
 """
 
 
-def test_the_demo_starts_its_host_before_importing_torch_and_keeps_one_thread_so_that_it_can_fork_its_peers():
+def test_the_demo_starts_its_host_before_importing_torch_and_keeps_one_thread_so_that_it_can_fork_its_peers(tmp_path):
     """The host imports its libraries (~5 s of CPU) beside the demo's own imports, not after them (a top-level import
     of torch in the demo's modules once delayed version 1 by ~6 s: docs/demo.md, "Start-up"); and whatever the
     environment says, the demo's one thread lets it fork its peers."""
@@ -149,7 +149,7 @@ def test_the_demo_starts_its_host_before_importing_torch_and_keeps_one_thread_so
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-c", DEMO_WITH_THREADS_IN_THE_ENVIRONMENT],
+        [sys.executable, "-c", DEMO_WITH_THREADS_IN_THE_ENVIRONMENT, str(tmp_path / "report")],
         capture_output=True,
         text=True,
         timeout=120,
