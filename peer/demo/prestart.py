@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 import weakref
 from pathlib import Path
 
@@ -84,6 +85,11 @@ def main(argv: list[str]) -> None:
         print(f"the host's info file {info_file} did not come within {timeout} s, or the demo left", file=sys.stderr)
         sys.exit(3)
     sys.argv = [module, *expand(args, info)]
+    # forked, the module (peer.cli) is in sys.modules already, imported by the demo; running it again as __main__ is
+    # what a fresh peer does, so runpy's warning about the copy in sys.modules would only be noise in the peer's log
+    warnings.filterwarnings(
+        "ignore", message=r"'.+' found in sys\.modules after import of package", category=RuntimeWarning
+    )
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

@@ -58,6 +58,8 @@ assert can_fork(), "a fresh process with one thread may fork"
 argv = [str(info), "30", "forked_probe", "@host:learner-credential", "x"]
 child = fork(argv, out / "c.log", out / "c.json", "hivegrpo-probe")
 code = child.wait(60)
+import forked_pkg.main  # as the demo imported peer.cli before forking the peer that runs it
+fork([str(info), "30", "forked_pkg.main"], out / "p.log", out / "p.json", "hivegrpo-pkg").wait(60)
 sleeper = fork([str(info), "30", "forked_sleeper"], out / "s.log", out / "s.json", "hivegrpo-sleep")
 try:
     sleeper.wait(0.5)
@@ -97,6 +99,9 @@ def test_a_forked_child_runs_the_command_as_a_fresh_peer_would_and_exits_as_the_
 
     (tmp_path / "forked_probe.py").write_text(PROBE)
     (tmp_path / "forked_sleeper.py").write_text("import time\ntime.sleep(60)\n")
+    (tmp_path / "forked_pkg").mkdir()
+    (tmp_path / "forked_pkg" / "__init__.py").write_text("")
+    (tmp_path / "forked_pkg" / "main.py").write_text("if __name__ == '__main__':\n    print('ran as main')\n")
     done = subprocess.run(
         [sys.executable, "-c", FORKING_PARENT, str(tmp_path)],
         capture_output=True,
@@ -117,6 +122,8 @@ def test_a_forked_child_runs_the_command_as_a_fresh_peer_would_and_exits_as_the_
         "stdin": "",
     }
     assert "to the log" in (tmp_path / "c.log").read_text()
+    assert (tmp_path / "p.json").read_text() == "ran as main\n", "a module the parent imported runs again as __main__"
+    assert "Warning" not in (tmp_path / "p.log").read_text(), "with no runpy warning in the peer's log"
     assert (tmp_path / "thread").read_text() == "done", "its threads finish before it exits"
     assert (tmp_path / "atexit").read_text() == "ran", "its own exit handlers run"
 
