@@ -155,7 +155,7 @@ def demo(ctx, duration, target, no_target, rollout_peers, learners, report_dir, 
 
     # one torch thread in every process of the demo, its own too; more in the environment would make importing torch
     # start a thread, and a process with two threads does not fork its peers (peer.demo.prestart.can_fork). Torch
-    # is imported only once the host has been started (run_demo): the host's own imports go on beside the demo's
+    # is imported only once the host has been started (run_demo), with OMP_NUM_THREADS=1 from CHILD_ENV: one thread
     os.environ.update(CHILD_ENV)
     from peer.demo import DemoConfig, run_demo
 

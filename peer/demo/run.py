@@ -51,13 +51,6 @@ class DemoConfig:
             raise ValueError("eval_n must be >= 1 and eval_every positive")
 
 
-def torch_threads(n: int) -> None:
-    """One torch thread in the demo's own process (its observer evaluates beside the peers)."""
-    import torch
-
-    torch.set_num_threads(n)
-
-
 def default_report_dir() -> Path:
     return Path.cwd() / time.strftime("hivegrpo-demo-%Y%m%d-%H%M%S")
 
@@ -98,7 +91,6 @@ def run_demo(config: DemoConfig, live: bool | None = None) -> dict:
         try:
             try:
                 swarm.start()  # spawns the host first, then imports torch (the roles' modules) beside it
-                torch_threads(1)
                 info = swarm.info
                 observer = Observer(config.run_id, info["initial_peers"], info["coordinator"], Path(tmp) / "observer")
                 observer.start()
