@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from peer.network.buckets import Fetched
 from peer.protocol import GroupRecord
 from peer.roles.learner.intake import Intake
-from tests.helpers.records import PEER_ID, adapter_sha, changed
+from tests.helpers.records import PEER_ID, adapter_sha, changed, make_group
 
 # Signing keys as the intake sees them (it only derives prompt seeds and fingerprints from them): two honest
 # signers and the one whose groups each test tampers with.
@@ -139,3 +139,28 @@ def signer_state(intake: Intake, owner: bytes) -> dict:
         "rejected": intake.rejected_by.get(owner, 0),
         "last_verified": intake.last_verified.get(owner),
     }
+
+
+def answered_group(run, owner: bytes, seq: int, right: int) -> GroupRecord:
+    """A v0 group of ``owner``'s example ``seq`` whose first ``right`` completions are the answer, made rather than
+    sampled: its prompt and rewards pass the intake's checks (prompt re-derived, rewards recomputed), its behaviour
+    log-probs (-0.5 a token) are no model's."""
+    from peer.model.prompts import completion_text, prompt_ids
+    from peer.run.spec import prompt_seed
+
+    spec, tokenizer, G = run.spec, run.tokenizer, run.spec.sampling.group_size
+    example = spec.example(owner, seq)
+    wrong = f"{(int(example.reference) + 1) % 10 ** len(example.reference):0{len(example.reference)}d}"
+    answers = [example.reference] * right + [wrong] * (G - right)
+    tokens = [tokenizer.encode(a, add_special_tokens=False) for a in answers]
+    return make_group(
+        version=0,
+        adapter_sha256=SHA0,
+        seq=seq,
+        task_seed=prompt_seed(spec.seed, owner),
+        task_index=seq,
+        prompt=prompt_ids(tokenizer, spec.prompt, example.prompt),
+        completions=tokens,
+        rewards=[spec.task.reward(completion_text(tokenizer, t, spec.prompt.stop), example) for t in tokens],
+        created=1.0,
+    )

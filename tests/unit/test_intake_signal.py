@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from peer.protocol import GroupRecord
 from peer.roles.learner import intake as intake_module
 from peer.roles.learner.intake import RECENT_SIGNAL
 from peer.roles.learner.verify import REWARD_TOLERANCE, Refused
 from tests.helpers import intake as ih
-from tests.helpers.records import changed, make_group
+from tests.helpers.intake import answered_group
+from tests.helpers.records import changed
 
 # per seq: how many of the G completions answer right (0 or G: no signal)
 PATTERN = {ih.A: [0, 1, 0, 3, "all", 1, 0, 2], ih.M: [1, 0, 2, 0]}
@@ -24,29 +24,6 @@ PATTERN = {ih.A: [0, 1, 0, 3, "all", 1, 0, 2], ih.M: [1, 0, 2, 0]}
 
 def has_signal(group) -> bool:
     return max(group.rewards) > min(group.rewards)
-
-
-def answered_group(run, owner: bytes, seq: int, right: int) -> GroupRecord:
-    """An honest v0 group of ``owner``'s example ``seq`` whose first ``right`` completions are the answer."""
-    from peer.model.prompts import completion_text, prompt_ids
-    from peer.run.spec import prompt_seed
-
-    spec, tokenizer, G = run.spec, run.tokenizer, run.spec.sampling.group_size
-    example = spec.example(owner, seq)
-    wrong = f"{(int(example.reference) + 1) % 10 ** len(example.reference):0{len(example.reference)}d}"
-    answers = [example.reference] * right + [wrong] * (G - right)
-    tokens = [tokenizer.encode(a, add_special_tokens=False) for a in answers]
-    return make_group(
-        version=0,
-        adapter_sha256=ih.SHA0,
-        seq=seq,
-        task_seed=prompt_seed(spec.seed, owner),
-        task_index=seq,
-        prompt=prompt_ids(tokenizer, spec.prompt, example.prompt),
-        completions=tokens,
-        rewards=[spec.task.reward(completion_text(tokenizer, t, spec.prompt.stop), example) for t in tokens],
-        created=1.0,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -98,13 +75,38 @@ def test_a_verified_group_with_all_rewards_equal_is_counted_not_pooled(run):
     assert ih.pool_ids(intake, ih.A) == [(0, s.seq)] and intake.counts["no_signal"] == 1
 
 
-def test_a_signer_of_groups_without_signal_still_counts_as_a_contributor(run):
+def test_a_signer_of_groups_without_signal_is_no_contributor(run):
     intake = ih.new_intake(run)
     for g in flat(run, ih.M):
         assert intake.add(ih.fetched(ih.M, g), 0) == "no_signal"
-    assert intake.last_verified[ih.M] == 0 and ih.M in intake.last_arrival
-    assert intake.contributing(0) == [ih.M] and intake.contributors(0) == 1
+    assert ih.M not in intake.last_verified and ih.M not in intake.last_arrival
+    assert intake.contributing(0) == [] and intake.contributors(0) == 0
     assert intake.take(0) is None, "no group was pooled: nothing for an update"
+
+
+def sybil_keys(n: int) -> list[bytes]:
+    """``n`` signers as the intake sees them (it only derives prompt seeds and fingerprints from the key)."""
+    return [ih.M[:-2] + f"-sybil-{i}==".encode() for i in range(n)]
+
+
+@pytest.mark.parametrize("sybils", [1, 100])
+def test_sybils_with_groups_without_signal_neither_cap_nor_pace_a_lone_producer(run, sybils):
+    """The attack of the 12-07 review (H1): fresh keys, each sending one all-wrong group for its own prompt (no model
+    needed: the rewards are recomputed and right), made a lone honest producer's updates impossible (two
+    "contributors" capped it at 12 of 16) and divided every producer's pace among the keys."""
+    batch, producer = 16, ih.B
+    lone = ih.new_intake(run, batch=batch)
+    for seq in range(2 * batch):  # two updates' worth, each group with signal (1 or 2 of G right)
+        assert lone.add(ih.fetched(producer, answered_group(run, producer, seq, 1 + seq % 2)), 0) is None
+    for k in sybil_keys(sybils):
+        group = answered_group(run, k, 0, 0)
+        assert lone.add(ih.fetched(k, group), 0) == "no_signal", "verified: an honest-looking group without signal"
+    assert lone.contributing(0) == [producer] and lone.contributors(0) == 1, "the sybils are no contributors"
+    assert lone.cap(0) == batch, "the lone producer may fill a whole update"
+    for _ in range(2):
+        chosen = lone.take(0)
+        assert chosen is not None and len(chosen) == batch and {a.owner for a in chosen} == {producer}
+    assert not lone.counts["short_capped"]
 
 
 def test_a_group_without_signal_is_never_drawn_for_a_logprob_check(run):

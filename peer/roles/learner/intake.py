@@ -33,25 +33,36 @@ from
    recomputed by step 5; its log-probs are never checked, as they never reach a loss;
 7. a sample (``check_rate``, drawn from this learner's private randomness, so a producer cannot predict it) waits
    for the caller to recompute its behaviour log-probs (:meth:`Intake.pending_checks` / :meth:`Intake.checked`);
-   the rest are admitted to the pool.
+   the rest are admitted to the pool. A signer **on probation** — fewer than ``PROBATION`` of its groups passed a
+   check or went into an update — has *every* group with signal checked before it is pooled: keys are free, so a
+   sampled check alone let a forger with many keys have ~90 % of its groups used before each key's first check
+   (docs/reliability.md, "Sybils"); now a forged group of a fresh key is caught before any update sees it. Groups
+   of signers on probation are checked within a budget, renewed at every update (at most ``max(batch, PROBATION)``
+   of one signer,
+   ``PROBATION_BUDGET x batch`` of all such signers together); beyond it they are refused as ``busy`` (forgiven,
+   never banned): a flood of fresh keys costs the learner a bounded number of forward passes per update and delays
+   other newcomers' first groups, never a proven producer's. With ``check_rate`` 0 (log-
+   prob checks off) there is no probation either.
 
 A ban removes the signer's groups from the pool at once: nothing a liar sent after it was caught reaches an
 update, and nothing it sent at all when the lie is in its first groups (the usual case).
 
-:meth:`Intake.take` picks the next update's groups, freshest first, with a **per-peer cap**: no signer provides
-more than ``cap = ceil(max(share_cap, 1 / contributors) x n)`` of the ``n`` groups per update *on average*, where
-*contributors* are the signers with a verified group in the staleness window that arrived in the last ``recent``
-seconds. The cap is a token bucket: each update gives every signer ``cap`` tokens, a group taken costs one, and a
-signer holds at most ``cap + ceil(cap x BURST)`` (where it starts). So over any ``m`` updates a signer gives at most
-``m x cap + ceil(cap x BURST)`` groups, and one update at most ``cap + ceil(cap x BURST)``: the long-run share is
-the cap's, while an update need not wait for a producer whose batch is a moment late when another has groups to
-lend (it pays them back in the updates that follow). A cap held update by update made an update wait for each
-producer's next batch even with groups to spare (docs/learner.md, "The per-peer cap"). One peer alone may fill an
-update; with two or more, a flooding peer is held to its cap and the update waits for the others — but not for
-peers that died or hang: they stop counting ``recent`` seconds after their last group (counting versions alone,
-an update waiting for a dead peer would wait forever, since no new version moves the window). The pool keeps at
-most ``n x (tau_max + 1)`` groups per signer (the oldest surplus is dropped), so a flood cannot grow the learner's
-memory.
+:meth:`Intake.take` picks the next update's groups, freshest first, with a **per-peer cap**: no signer provides more
+than ``cap = ceil(max(share_cap, 1 / contributors) x n)`` of the ``n`` groups per update *on average*, where
+*contributors* are the signers one of whose groups **with signal** was pooled (verified, and checked where drawn) in
+the staleness window, in the last ``recent`` seconds. A signer of groups without signal contributes nothing an update
+can use, so it never counts: counting it let one stranger key with one all-wrong group every 15 s cap a lone honest
+producer below a full update for ever, and pace every producer down (the learner's demand divides by the contributors).
+The cap is a token bucket: each update gives every signer ``cap`` tokens, a group taken costs one, and a signer holds
+at most ``cap + ceil(cap x BURST)`` (where it starts). So over any ``m`` updates a signer gives at most ``m x cap +
+ceil(cap x BURST)`` groups, and one update at most ``cap + ceil(cap x BURST)``: the long-run share is the cap's, while
+an update need not wait for a producer whose batch is a moment late when another has groups to lend (it pays them back
+in the updates that follow). A cap held update by update made an update wait for each producer's next batch even with
+groups to spare (docs/learner.md, "The per-peer cap"). One peer alone may fill an update; with two or more, a flooding
+peer is held to its cap and the update waits for the others — but not for peers that died or hang: they stop counting
+``recent`` seconds after their last group (counting versions alone, an update waiting for a dead peer would wait
+forever, since no new version moves the window). The pool keeps at most ``n x (tau_max + 1)`` groups per signer (the
+oldest surplus is dropped), so a flood cannot grow the learner's memory.
 
 ``barrier`` (a benchmark knob, docs/benchmarks.md) makes :meth:`Intake.take` a synchronous barrier's: an update
 waits until every contributor has ``ceil(n / contributors)`` groups sampled with the learner's current version, and
@@ -75,7 +86,7 @@ from peer.protocol import GroupRecord, key_fingerprint
 from peer.roles.learner.verify import REWARD_TOLERANCE, Refused, check_group
 from peer.run.spec import RunSpec
 
-FORGIVEN = ("schema", "unavailable", "duplicate", "unknown_version", "lineage", "surplus")
+FORGIVEN = ("schema", "unavailable", "duplicate", "unknown_version", "lineage", "surplus", "busy")
 """Refusal reasons that do not ban the signer."""
 STRIKES = ("unknown_version", "lineage", "schema")
 """Forgiven reasons that still count towards a ban when they come in a long run from one signer."""
@@ -83,6 +94,8 @@ STRIKE_UPDATES = 4  # such refusals in a row that ban: this many times groups_pe
 BURST = 0.5  # the share of its cap a signer may give beyond it in one update, paid back in the next ones
 MUTE_FIRST = 10.0  # s a signer whose blob could not be fetched is muted, the first time since its last verified group
 MUTE_MOST = 600.0  # s: each mute again with no verified group between lasts twice the last, up to this
+PROBATION = 8  # groups of a signer that must pass a check (or go into an update) before checks are only sampled
+PROBATION_BUDGET = 2  # x batch: groups of all signers on probation checked per update (or per ``recent`` s), at most
 FORGET_MARGIN = 2  # versions beyond the window whose seqs are still remembered one by one
 FORGET_EVERY = 8  # versions between two passes that forget old seqs
 RECENT_SIGNAL = 512  # verified groups over which the share without signal is reported
@@ -141,8 +154,11 @@ class Intake:
         self.used: dict[bytes, dict[int, int]] = defaultdict(dict)  # the same, of groups an update took
         self.pool: dict[bytes, list[Accepted]] = defaultdict(list)
         self.tokens: dict[bytes, int] = {}  # signer -> groups it may give to the next update, when below the most
-        self.last_verified: dict[bytes, int] = {}  # signer -> newest version of a verified group
-        self.last_arrival: dict[bytes, float] = {}  # signer -> clock() when its latest verified group came
+        self.last_verified: dict[bytes, int] = {}  # signer -> newest version of a pooled group (with signal)
+        self.last_arrival: dict[bytes, float] = {}  # signer -> clock() when its latest pooled group was pooled
+        self.proven: dict[bytes, int] = {}  # signer -> its groups that passed a check or went into an update
+        self._probation_spent: Counter = Counter()  # signer on probation -> groups let into checks since the renewal
+        self._probation_since = clock()
         self._pending: list[Accepted] = []
         self.pending_since = 0.0  # clock() when the oldest group now waiting for a check was drawn
         self.counts: Counter = Counter()  # ignored_banned, dropped_stale, checked, admitted
@@ -201,8 +217,6 @@ class Intake:
         refused = check_group(group, owner, self.spec, self.tokenizer, self.known.get)
         if refused is not None:
             return self._refuse(owner, refused)
-        self.last_verified[owner] = max(group.version, self.last_verified.get(owner, -1))
-        self.last_arrival[owner] = self.clock()
         self.strikes.pop(owner, None)
         self.muted.pop(owner, None)
         signal = carries_signal(group.rewards)
@@ -212,13 +226,49 @@ class Intake:
             self._credit(owner, "no_signal")
             return "no_signal"
         accepted = Accepted(owner, group)
-        if self.check_rate and self.rng.random() < self.check_rate:
-            if not self._pending:
-                self.pending_since = self.clock()
-            self._pending.append(accepted)
+        if self.on_probation(owner):
+            busy = self._probation_full(owner)
+            if busy is not None:
+                return self._refuse(owner, Refused("busy", busy))
+            self._wait_for_check(accepted)
+        elif self.check_rate and self.rng.random() < self.check_rate:
+            self._wait_for_check(accepted)
         else:
             self._admit(accepted)
         return None
+
+    def on_probation(self, owner: bytes) -> bool:
+        """Whether every group with signal of ``owner`` is checked before it is pooled (module docstring, step 7)."""
+        return self.check_rate > 0 and self.proven.get(owner, 0) < PROBATION
+
+    def _probation_full(self, owner: bytes) -> str | None:
+        """Why a group of ``owner`` (on probation) cannot be checked now, or None if it can (then it is counted).
+
+        Checks cost the learner a forward pass each, so those of signers on probation have a budget: ``batch`` groups
+        of one signer (``PROBATION`` if more) and ``PROBATION_BUDGET x batch`` of all of them together, renewed at
+        every update and every ``recent`` seconds (a learner waiting for its first update still lets newcomers in)."""
+        now = self.clock()
+        if now - self._probation_since >= self.recent:
+            self._renew_probation()
+        mine, spent = self._probation_spent[owner], sum(self._probation_spent.values())
+        if mine >= max(self.batch, PROBATION):
+            return (
+                f"{mine} groups of this new signer are being checked already; its others are refused until it has "
+                "passed its checks"
+            )
+        if spent >= PROBATION_BUDGET * self.batch:
+            return f"{spent} groups of new signers are being checked already; send again later"
+        self._probation_spent[owner] += 1
+        return None
+
+    def _renew_probation(self) -> None:
+        self._probation_since = self.clock()
+        self._probation_spent.clear()
+
+    def _wait_for_check(self, accepted: Accepted) -> None:
+        if not self._pending:
+            self.pending_since = self.clock()
+        self._pending.append(accepted)
 
     def no_signal_share(self) -> float:
         """Of the latest verified groups, the share whose rewards were all equal (the task's difficulty signal: near
@@ -244,7 +294,12 @@ class Intake:
         if refused is not None:
             self._refuse(accepted.owner, refused)
         elif accepted.owner not in self.banned:
+            self._prove(accepted.owner)
             self._admit(accepted)
+
+    def _prove(self, owner: bytes, n: int = 1) -> None:
+        if self.proven.get(owner, 0) < PROBATION:
+            self.proven[owner] = min(PROBATION, self.proven.get(owner, 0) + n)
 
     def ban(self, owner: bytes, reason: str) -> None:
         if owner not in self.banned:
@@ -255,6 +310,7 @@ class Intake:
             self.last_verified.pop(owner, None)
             self.last_arrival.pop(owner, None)
             self.tokens.pop(owner, None)
+            self.proven.pop(owner, None)
 
     # --- the next update -------------------------------------------------------------------------------------------
 
@@ -279,7 +335,7 @@ class Intake:
                     del seqs[s]
 
     def contributing(self, version: int) -> list[bytes]:
-        """Signers with a verified group in the staleness window that arrived in the last ``recent`` seconds."""
+        """Signers with a group with signal pooled in the staleness window in the last ``recent`` seconds."""
         oldest, since = version - self.spec.staleness.tau_max, self.clock() - self.recent
         return [o for o, v in self.last_verified.items() if v >= oldest and self.last_arrival[o] >= since]
 
@@ -315,6 +371,7 @@ class Intake:
             key=lambda ai: (-ai[0].group.version, ai[0].group.created, ai[1]),
         )
         chosen = self._choose(candidates, allowed)
+        self._renew_probation()
         given = Counter(a.owner for a in chosen)
         for owner in set(self.tokens) | set(given):  # every signer earns ``cap`` per update, up to ``most``
             left = min(most, allow(owner) - given[owner] + cap)
@@ -348,6 +405,7 @@ class Intake:
                     break
         for a in chosen:
             self.used[a.owner][a.group.seq] = a.group.version
+            self._prove(a.owner)
         taken = {id(a) for a in chosen}
         for owner in list(self.pool):
             self.pool[owner] = [a for a in self.pool[owner] if id(a) not in taken]
@@ -369,6 +427,7 @@ class Intake:
             used = {int(s): int(v) for s, v in pairs}
             self.used[bytes.fromhex(owner)].update(used)
             self.seqs[bytes.fromhex(owner)].update(used)
+            self._prove(bytes.fromhex(owner), len(used))  # groups updates took: out of probation again
 
     # --- internals -------------------------------------------------------------------------------------------------
 
@@ -405,7 +464,10 @@ class Intake:
         return owner in self.muted and self.muted[owner][0] > self.clock()
 
     def _admit(self, accepted: Accepted) -> None:
-        groups = self.pool[accepted.owner]
+        owner = accepted.owner
+        self.last_verified[owner] = max(accepted.group.version, self.last_verified.get(owner, -1))
+        self.last_arrival[owner] = self.clock()
+        groups = self.pool[owner]
         groups.append(accepted)
         bound = self.batch * (self.spec.staleness.tau_max + 1)
         if len(groups) > bound:

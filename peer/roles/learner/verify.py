@@ -50,6 +50,7 @@ REASONS = (
     "replay",
     "unknown_version",
     "surplus",
+    "busy",
 )
 REWARD_TOLERANCE = 1e-6
 Z_VARIANCE_FLOOR = 1.0
