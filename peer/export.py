@@ -111,6 +111,9 @@ def _named_base(path: Path) -> str | None:
         return None
 
 
+EXPORT_ADAPTER_LIMIT = 2 * 1024**3  # bytes: the largest adapter export takes when the run's v0 size is not known
+
+
 def _from_swarm(config: ExportConfig) -> Source:
     from peer.network.admission import Admitted
     from peer.network.blobs import BlobCache, BlobService, BlobUnavailable
@@ -130,8 +133,18 @@ def _from_swarm(config: ExportConfig) -> Source:
             except (ValueError, TypeError) as e:
                 raise UserError(f"the run's manifest has a LoRA shape this hivegrpo cannot read ({e})") from None
             admitted = Admitted(swarm, coordinator_key, manifest.adapter0_sha256)
-            version, sha, size, providers = _choose(announcements(swarm, admitted), config.version)
-            providers_of = partial(blob_providers, swarm, first="learner")  # learners keep older adapters
+            records = announcements(swarm, admitted)
+            # an admitted announcement of another size is ignored (at most EXPORT_ADAPTER_LIMIT when the size is not
+            # known): a stolen credential cannot make an export fetch and read gigabytes
+            admitted.adapter_size = _adapter_size(records, coordinator_key)
+            records = [
+                (s, r)
+                for s, r in records
+                if admitted.admits_announcement(s, r) is None and r.size <= EXPORT_ADAPTER_LIMIT
+            ]
+            version, sha, size, providers = _choose(records, config.version)
+            # the coordinator seeds the model, admitted learners keep older adapters: no heartbeat comes before them
+            providers_of = partial(blob_providers, swarm, [manifest.coordinator, *sorted(admitted.peer_ids())])
             try:
                 blob = _fetch(blobs, sha, size, providers, providers_of)
             except BlobUnavailable as e:
@@ -148,6 +161,13 @@ def _from_swarm(config: ExportConfig) -> Source:
     base = config.model or manifest.model.name
     quantization = config.quantization or manifest.model.quantization
     return Source(blob, lora, base_model_name(base), quantization, version, folder)
+
+
+def _adapter_size(records, coordinator_key: bytes) -> int:
+    """Bytes every adapter of the run has: those of the coordinator's v0 announcement (the LoRA shape fixes them);
+    0 when the coordinator's record is gone."""
+    v0 = next((r for signer, r in records if signer == coordinator_key and r.version == 0), None)
+    return 0 if v0 is None else v0.size
 
 
 def _choose(records, version: int | None) -> tuple[int, str, int, tuple[str, ...]]:

@@ -31,6 +31,7 @@ logger = get_logger(__name__)
 
 HEARTBEAT_INTERVAL = 10.0
 HEARTBEAT_TTL = 30.0
+MAX_PROVIDERS_LISTED = 32  # other live peers blob_providers lists after the trusted ones (a fetch asks 8 at most)
 CORE_ROLES = ("coordinator", "learner")  # their heartbeats also go under ``{run}_core_peers``: few, read by all
 
 
@@ -148,14 +149,25 @@ def live_peers(swarm, role: str | None = None, include_leaving: bool = False) ->
     return sorted(out, key=lambda p: p.record.peer_id)
 
 
-def blob_providers(swarm, first: str) -> list:
-    """PeerIDs of the run's live peers to ask for a blob, this peer excluded, those of role ``first`` first (the
-    coordinator seeds the model; learners keep older adapters)."""
+def blob_providers(swarm, trusted=(), limit: int = MAX_PROVIDERS_LISTED) -> list:
+    """PeerIDs to ask for a blob, in the order to ask them, this peer excluded: ``trusted`` first, in the order given
+    (the peer id the manifest names for the coordinator, which seeds the model; admitted learners, which keep
+    adapters), then at most ``limit`` other live peers in random order.
+
+    A heartbeat is a claim anyone can make, and its peer id is not bound to its signer: sorted by the role a
+    heartbeat claims, a thousand fake "coordinators" would push the real one out of the few providers a fetch asks
+    (``MAX_PROVIDERS_TRIED``), and newcomers could never fetch the base model. So no heartbeat comes before a peer
+    the run's own records name."""
+    import random
+
     from hivemind.p2p import PeerID
 
     me = str(swarm.peer_id)
-    peers = sorted(live_peers(swarm), key=lambda p: (p.record.role != first, p.record.peer_id))
-    return [PeerID.from_base58(p.record.peer_id) for p in peers if p.record.peer_id != me]
+    first = [p for p in dict.fromkeys(trusted) if p != me]
+    listed = dict.fromkeys(p.record.peer_id for p in live_peers(swarm))
+    others = [p for p in listed if p != me and p not in first]
+    random.shuffle(others)
+    return [PeerID.from_base58(p) for p in first + others[:limit]]
 
 
 class Reachable:

@@ -227,9 +227,10 @@ def resolve_base(spec: ModelSpec, cache: BlobCache, models_root: Path, fetch: Fe
 
 
 def fetch_from(blobs, providers: Callable[[], Sequence]) -> Fetch:
-    """A :data:`Fetch` over a BlobService that asks ``providers()`` (PeerIDs) anew for each file."""
+    """A :data:`Fetch` over a BlobService that asks ``providers()`` (PeerIDs, in the order to ask them: the
+    coordinator first) anew for each file."""
 
     def fetch(sha256: str, size: int, progress: Callable[[int, int], None]) -> Path:
-        return blobs.fetch(sha256, size, providers(), progress=progress, timeout=60.0)
+        return blobs.fetch(sha256, size, providers(), progress=progress, timeout=60.0, shuffle=False)
 
     return fetch

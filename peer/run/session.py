@@ -100,10 +100,15 @@ class Session:
             stop()
 
     def providers(self):
-        """Peers to ask for blobs: the live peers of the run, coordinator first (it seeds the model)."""
+        """Peers to ask for blobs, in order: the coordinator the manifest names (it seeds the model), the admitted
+        learners (they keep adapters), then other live peers (``blob_providers``: no heartbeat comes first)."""
+        import random
+
         from peer.network.heartbeat import blob_providers
 
-        return blob_providers(self.swarm, first="coordinator")
+        learners = sorted(self.admitted.peer_ids()) if self.admitted is not None else []
+        random.shuffle(learners)
+        return blob_providers(self.swarm, trusted=[self.spec.manifest.coordinator, *learners])
 
     def swap(self, version: int, sha: str, blob: bytes, *, quiet: bool = False) -> None:
         """Load adapter ``version`` in place; AdapterError unless the model then holds exactly ``sha``.

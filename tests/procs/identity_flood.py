@@ -1,12 +1,16 @@
-"""Many signing identities flood one version's bucket with the largest inline entries the schema allows.
+"""Many signing identities flood one key: a version's bucket with the largest inline entries the schema allows, or
+the run's heartbeats with fake "coordinators".
 
-Usage: python tests/procs/identity_flood.py OUT.json --run-id ID --version V --identities N --initial-peers MADDR...
+Usage: python tests/procs/identity_flood.py OUT.json --run-id ID (--version V | --heartbeats) --identities N
+       --initial-peers MADDR...
 
 It joins the run's DHT (a plain hivemind node with the run's validators), makes ``N`` RSA keys (1024-bit: any size
-verifies, and they are quick to make), and for each one signs a schema-valid bucket entry of version ``V`` (one
-group of ~40 KB, inline) under that key's own subkey, then sends it straight to every node it knows (the DHT's
-own store request, no lookup), as a swarm of ``N`` peers would. It writes ``{"sent", "taken", "identities",
-"seconds"}`` to ``OUT.json`` (``taken``: stores some node accepted) and exits 0.
+verifies, and they are quick to make), and for each one signs a schema-valid record under that key's own subkey:
+a bucket entry of version ``V`` (one group of ~40 KB, inline), or with ``--heartbeats`` a heartbeat claiming the
+role ``coordinator``, running and reachable, with a made-up libp2p peer id that nobody answers for. It sends each
+straight to every node it knows (the DHT's own store request, no lookup), as a swarm of ``N`` peers would, and
+writes ``{"sent", "taken", "identities", "seconds", "peer_ids"}`` to ``OUT.json`` (``taken``: stores some node
+accepted; ``peer_ids``: the fake ones, for heartbeats) and exits 0.
 """
 
 import argparse
@@ -38,7 +42,27 @@ def entry_value(version: int, producer: str) -> dict:
     return to_dht_value(BucketEntry.of_group(group))
 
 
-async def flood(run_id: str, version: int, n: int, producer: str, _dht, node) -> dict:
+def heartbeat_value(peer_id: str) -> dict:
+    """A fake heartbeat: a "coordinator", running and reachable, at ``peer_id``."""
+    from peer.protocol import PeerRecord, to_dht_value
+
+    now = time.time()
+    return to_dht_value(
+        PeerRecord(
+            peer_id=peer_id, role="coordinator", adapter_version=0, throughput=1.0, hardware="cpu", reachable=True,
+            maddrs=[], started=now, last_seen=now, state="running", stats={},
+        )
+    )  # fmt: skip
+
+
+def fake_peer_id() -> str:
+    """A well-formed libp2p peer id (an identity multihash of an Ed25519 key) that no peer holds."""
+    from hivemind.p2p import PeerID
+
+    return PeerID(b"\x00\x24\x08\x01\x12\x20" + os.urandom(32)).to_base58()
+
+
+async def flood(run_id: str, version: int | None, n: int, producer: str, _dht, node) -> dict:
     import asyncio
 
     from cryptography.hazmat.primitives.asymmetric import rsa
@@ -47,18 +71,25 @@ async def flood(run_id: str, version: int, n: int, producer: str, _dht, node) ->
     from hivemind.utils import get_dht_time
     from hivemind.utils.crypto import RSAPrivateKey
 
-    from peer.protocol import bucket_key, group_subkey
+    from peer.protocol import bucket_key, group_subkey, owner_subkey, peers_key
 
-    key_id = DHTID.generate(source=bucket_key(run_id, version))
+    heartbeats = version is None
+    key_id = DHTID.generate(source=peers_key(run_id) if heartbeats else bucket_key(run_id, version))
     peers = list(node.protocol.routing_table.uid_to_peer_id.values())
     serializer = node.protocol.serializer
-    value_bytes = serializer.dumps(entry_value(version, producer))  # made here: the pipe to this process is small
+    entry = None if heartbeats else serializer.dumps(entry_value(version, producer))  # the pipe here is small
     sent = taken = 0
+    fakes = []
     for _ in range(n):
         key = RSAPrivateKey.__new__(RSAPrivateKey)
         key._private_key = rsa.generate_private_key(public_exponent=65537, key_size=1024)
-        subkey = group_subkey(key.get_public_key().to_bytes(), version, 0)
-        expiration = get_dht_time() + 600
+        public = key.get_public_key().to_bytes()
+        if heartbeats:
+            fakes.append(fake_peer_id())
+            subkey, value_bytes = owner_subkey(public), serializer.dumps(heartbeat_value(fakes[-1]))
+        else:
+            subkey, value_bytes = group_subkey(public, version, 0), entry
+        expiration = get_dht_time() + (25 if heartbeats else 600)
         record = DHTRecord(key_id.to_bytes(), serializer.dumps(subkey), value_bytes, expiration)
         signed = RSASignatureValidator(key).sign_value(record)
         answers = await asyncio.gather(
@@ -71,14 +102,16 @@ async def flood(run_id: str, version: int, n: int, producer: str, _dht, node) ->
         )
         sent += len(peers)
         taken += sum(1 for a in answers if a and a[0])
-    return {"sent": sent, "taken": taken, "peers": len(peers)}
+    return {"sent": sent, "taken": taken, "peers": len(peers), "peer_ids": fakes}
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--run-id", required=True)
-    parser.add_argument("--version", type=int, required=True)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--version", type=int)
+    what.add_argument("--heartbeats", action="store_true")
     parser.add_argument("--identities", type=int, default=1000)
     parser.add_argument("--initial-peers", action="append", required=True)
     args = parser.parse_args()
