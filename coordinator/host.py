@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from coordinator.credit_state import CreditState
-from coordinator.invites import InviteBook
+from coordinator.invites import LEARNER_EXPIRY, InviteBook
 from coordinator.manifest import RunSettings, build_manifest, model_folder
 from coordinator.web import StatusHistory, WebServer
 from peer.closers import Closers
@@ -72,7 +72,7 @@ class Host:
         self.history: StatusHistory | None = None
         self.web: WebServer | None = None
         self._known_saved: list[str] = []
-        self.book: InviteBook | None = None  # a private run's invites
+        self.book: InviteBook | None = None  # the invites and learner credentials it issued (with --identity)
         self.invite = None  # the invite printed in the join lines (private runs)
         self.learner_credential = None  # the credential printed in the learn line (peer.network.admission)
         self.credit: CreditState | None = None  # the contributors table it last saw, kept across restarts
@@ -91,11 +91,14 @@ class Host:
             self.swarm.dht, BlobCache(c.cache_dir / "blobs"), access=self.swarm.access, max_upload=c.max_upload
         )
         self._closers.add(self.blobs.close)
+        if self.book is None and c.network.identity_path is not None:
+            self.book = InviteBook(c.network.identity_path, s.run_id)  # a public run's learner credentials
         if self.book is not None:
-            from peer.network.access import AccessWatcher
+            if self.swarm.access is not None:
+                from peer.network.access import AccessWatcher
 
-            self._access_watcher = AccessWatcher(self.swarm, interval=2.0).start()
-            self._closers.add(self._access_watcher.stop)
+                self._access_watcher = AccessWatcher(self.swarm, interval=2.0).start()
+                self._closers.add(self._access_watcher.stop)
             self._book_thread = threading.Thread(target=self._watch_book, name="invite-book", daemon=True)
             self._book_thread.start()
         self.learner_credential = self._learner_credential()
@@ -176,19 +179,18 @@ class Host:
         restarts, and ``hivegrpo invite --role learner`` issues more), else one for this coordinator's lifetime."""
         from peer.network.admission import issue_credential
 
-        identity, run_id = self.config.network.identity_path, self.config.settings.run_id
-        if identity is None:
-            return issue_credential(self.swarm.signing_key, run_id, "default")
-        book = self.book if self.book is not None else InviteBook(identity, run_id)
-        return book.default_learner()
+        if self.book is None:
+            expires = time.time() + LEARNER_EXPIRY
+            return issue_credential(self.swarm.signing_key, self.config.settings.run_id, "default", expires)
+        return self.book.default_learner()
 
     def _publish_access(self) -> None:
-        from peer.network.access import sign_revocations
+        from peer.network.access import issuer_public, sign_revocations
         from peer.protocol import AccessRecord, access_key
 
         revoked, now = self.book.revoked(), time.time()
         record = AccessRecord(
-            issuer=self.swarm.access.issuer.hex(),
+            issuer=issuer_public(self.book.issuer).hex(),
             revoked=revoked,
             created=now,
             signature=sign_revocations(self.book.issuer, self.swarm.run_id, revoked, now).hex(),
@@ -314,13 +316,14 @@ class Host:
 
     def join_command(self, role: str = "join") -> str:
         """The line a peer of ``role`` pastes: every address, the run, the coordinator's fingerprint, the invite of
-        a private run and, for ``learn``, the learner credential."""
+        a private run and, for ``learn``, the learner credential: in the environment (HIVEGRPO_LEARNER_CREDENTIAL),
+        not in the command's arguments, which every local user can read in ``/proc/*/cmdline``."""
         peers = " ".join(f"--initial-peers {m}" for m in self.swarm.visible_maddrs())
         line = f"hivegrpo {role} {peers} --run-id {self.swarm.run_id} --coordinator {self.fingerprint}"
         if self.invite is not None:
             line += f" --invite {self.invite.token}"
         if role == "learn" and self.learner_credential is not None:
-            line += f" --learner-credential {self.learner_credential.token}"
+            line = f"HIVEGRPO_LEARNER_CREDENTIAL={self.learner_credential.token} {line}"
         return line
 
     def write_info(self, path: Path | str) -> None:

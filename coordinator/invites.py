@@ -1,9 +1,13 @@
-"""A run's invite book: the invites and learner credentials its coordinator issued, and the invites it revoked.
+"""A run's invite book: the invites and learner credentials its coordinator issued, and those it revoked.
 
 The file lives beside the coordinator's identity (``<identity>.<run>.invites.json``, mode 0600: it holds the
 tokens). ``hivegrpo invite`` writes it — it needs no network, and works while the host runs or not — and the
-running host re-reads it every few seconds and publishes the revoked ids (signed by the issuer key) to the swarm,
-where every peer refuses those invites from then on (:mod:`peer.network.access`).
+running host re-reads it every few seconds and publishes the revoked ids (signed by the issuer key, under the
+coordinator's own subkey) to the swarm, where every peer refuses those invites (:mod:`peer.network.access`) and
+those learner credentials (:class:`peer.network.admission.Admitted`) from then on.
+
+Learner credentials expire: in ``LEARNER_EXPIRY`` (7 days) unless issued with another ``--expires``, and the
+host's own (the learn line's ``default``) is replaced at a start once it has less than ``RENEW_BEFORE`` left.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from peer.network.access import MAX_REVOKED, Invite, InviteError, issue_invite, 
 from peer.network.admission import Credential, issue_credential, parse_credential
 from peer.network.swarm import load_signing_key
 
+LEARNER_EXPIRY = 7 * 86400.0  # s a learner credential is valid unless issued otherwise (--expires)
+RENEW_BEFORE = 86400.0  # s: the host's default credential is replaced at a start once it expires sooner than this
 DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])\Z")
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -77,8 +83,9 @@ class InviteBook:
         self._save()
         return invite
 
-    def issue_learner(self, name: str = "", expires_in: float = 0.0) -> Credential:
-        """A new learner credential (:mod:`peer.network.admission`), recorded in the book with role ``learner``."""
+    def issue_learner(self, name: str = "", expires_in: float = LEARNER_EXPIRY) -> Credential:
+        """A new learner credential (:mod:`peer.network.admission`), recorded in the book with role ``learner``
+        (``expires_in`` seconds from now; 0: never)."""
         expires = time.time() + expires_in if expires_in else 0.0
         credential = issue_credential(self.signing_key, self.run_id, name, expires)
         self.data["issued"].append(
@@ -95,23 +102,20 @@ class InviteBook:
         return credential
 
     def default_learner(self) -> Credential:
-        """The learner credential the host prints in its learn line: the book's ``default`` one while valid."""
+        """The learner credential the host prints in its learn line: the book's ``default`` one while valid for
+        ``RENEW_BEFORE`` more (one that never expires, from before credentials expired by default, is replaced)."""
+        soon = time.time() + RENEW_BEFORE
         for e in reversed(self.entries()):
-            if e["role"] == "learner" and e["name"] == "default" and e["state"] == "valid":
+            if e["role"] == "learner" and e["name"] == "default" and e["state"] == "valid" and e["expires"] > soon:
                 return parse_credential(e["token"])
         return self.issue_learner("default")
 
     def revoke(self, invite_id: str) -> dict:
-        """Revoke an issued invite by id; the entry revoked."""
+        """Revoke an issued invite or learner credential by id; the entry revoked."""
         entry = next((e for e in self.data["issued"] if e["id"] == invite_id), None)
         if entry is None:
             known = ", ".join(e["id"] for e in self.data["issued"][-5:]) or "none"
             raise UserError(f"no invite {invite_id!r} in {self.path} (recent: {known}); see `hivegrpo invite --list`")
-        if entry.get("role") == "learner":
-            raise UserError(
-                f"{invite_id} is a learner credential: these cannot be revoked yet (issue them with --expires); "
-                "only member invites of private swarms can"
-            )
         if invite_id not in self.data["revoked"]:
             if len(self.data["revoked"]) >= MAX_REVOKED:
                 raise UserError(f"{MAX_REVOKED} invites are revoked already: start a new run for more")
@@ -143,4 +147,4 @@ class InviteBook:
         return self.issue("default")
 
 
-__all__ = ["InviteBook", "book_path", "parse_duration"]
+__all__ = ["LEARNER_EXPIRY", "InviteBook", "book_path", "parse_duration"]

@@ -67,6 +67,9 @@ def _public_bytes(private) -> bytes:
     return private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
+issuer_public = _public_bytes  # the issuer's public key (32 bytes), as an AccessRecord names it
+
+
 def _verify(issuer: bytes, signature: bytes, payload: bytes) -> bool:
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -332,6 +335,7 @@ __all__ = [
     "InviteError",
     "issue_invite",
     "issuer_key",
+    "issuer_public",
     "parse_invite",
     "sign_revocations",
 ]

@@ -23,11 +23,12 @@ the host is down (``hivegrpo invite`` works offline), and nothing on the hot pat
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 import msgpack
@@ -45,6 +46,7 @@ FORMAT = 1
 REFRESH = 5.0  # s between reads of the learners' records
 RECORD_TTL = 120.0  # s a learner's record lives unless re-stored (it is, with every heartbeat)
 MAX_REMEMBERED = 256  # signers whose refusal reason is kept for status
+BINDING_FRESH = 30.0  # s: records of one credential stored this long before its newest one are a dead learner's
 
 
 class CredentialError(UserError, ValueError):
@@ -250,9 +252,25 @@ class Admission:
     credential_id: str
     name: str
     expires: float  # 0 = never
+    created: float = 0.0  # when its record was stored (re-stored with every heartbeat of a live learner)
 
     def expired(self, now: float) -> bool:
         return self.expires != 0 and now >= self.expires
+
+
+def _newest_bindings(admissions) -> dict[str, float]:
+    """Credential id -> when the newest record binding it was stored."""
+    newest: dict[str, float] = {}
+    for a in admissions:
+        newest[a.credential_id] = max(newest.get(a.credential_id, 0.0), a.created)
+    return newest
+
+
+def _copied(credential_id: str, signers: int) -> str:
+    return (
+        f"its learner credential {credential_id} is bound to {signers} keys at once (copied?): none of them is "
+        f"admitted; the host should revoke it (`hivegrpo invite --revoke {credential_id}`) and issue a new one"
+    )
 
 
 class Admitted:
@@ -260,6 +278,17 @@ class Admitted:
     seconds, each record verified once (by its bytes). The coordinator's key is admitted for adapter v0 only.
 
     ``refused`` names, for status, the signers this peer ignored and why (the newest ``MAX_REMEMBERED``).
+
+    Two rules make a credential something the host can take back:
+
+    * **revoked**: the coordinator's revocation list (``{run}_access``, under the coordinator's own subkey, the ids
+      signed by its invite issuer key; :mod:`coordinator.invites`) is read with every refresh, and an admission whose
+      credential id it lists is refused from then on — within ``refresh`` seconds of the list reaching the DHT;
+    * **one key at a time**: a credential is bound to one signer and one peer id. When live records (stored in the
+      last ``BINDING_FRESH`` seconds before the newest) bind one credential to several signers, none of them is
+      admitted, and status says the credential was copied: its holder has to be given a new one, and the old one
+      revoked. A learner restarted with a new key is admitted once its old record is ``BINDING_FRESH`` s older
+      than its new one (a live learner re-stores its record with every heartbeat).
     """
 
     def __init__(self, swarm, coordinator_key: bytes, adapter0_sha256: str = "", *, refresh: float = REFRESH):
@@ -274,6 +303,8 @@ class Admitted:
         self._checked: OrderedDict[bytes, Admission | str] = OrderedDict()  # digest of (signer, value) -> result
         self._read_at = -float("inf")
         self._lock = threading.Lock()
+        self.revoked: frozenset[str] = frozenset()  # credential ids the coordinator's signed list revoked
+        self._revoked_at = 0.0  # ``created`` of the list applied
 
     # --- reading -------------------------------------------------------------------------------------------------
 
@@ -284,6 +315,7 @@ class Admitted:
             if force or now - self._read_at >= self.refresh_every:
                 self._read_at = now
                 try:
+                    self._read_revoked()
                     self._merge(self._read(), time.monotonic())
                 except Exception as e:  # the network boundary: keep what was known, try again later
                     logger.warning("could not read the run's admitted learners: %s", e)
@@ -291,13 +323,45 @@ class Admitted:
 
     def _merge(self, found: dict[bytes, Admission], now: float) -> None:
         """One read's admissions, plus those read before whose record cannot have expired since: a DHT read can
-        miss entries of a dictionary (a node that did not hold them yet), and a learner must not flicker."""
+        miss entries of a dictionary (a node that did not hold them yet), and a learner must not flicker. What was
+        revoked or bound twice since is dropped too."""
         for signer, admission in found.items():
             self._by_signer[signer], self._seen[signer] = admission, now
         wall = time.time()
+        newest = _newest_bindings(self._by_signer.values())
+        live = {s: a for s, a in self._by_signer.items() if a.created > newest[a.credential_id] - BINDING_FRESH}
+        bound = Counter(a.credential_id for a in live.values())
         for signer in list(self._by_signer):
-            if now - self._seen[signer] > RECORD_TTL or self._by_signer[signer].expired(wall):
-                del self._by_signer[signer], self._seen[signer]
+            admission = self._by_signer[signer]
+            if signer not in live:
+                pass  # a record of a learner gone: its credential is bound to a newer key now
+            elif bound[admission.credential_id] > 1:
+                self.refuse(signer, _copied(admission.credential_id, bound[admission.credential_id]))
+            elif admission.credential_id in self.revoked:
+                self.refuse(signer, f"its learner credential {admission.credential_id} was revoked by the host")
+            elif not (now - self._seen[signer] > RECORD_TTL or admission.expired(wall)):
+                continue
+            del self._by_signer[signer], self._seen[signer]
+
+    def _read_revoked(self) -> None:
+        """Apply the coordinator's revocation list if a newer one is in the DHT (module docstring of
+        :mod:`peer.network.access`: its ids are signed by the run's issuer key, and its subkey is the coordinator's,
+        so the DHT's signature validator vouches that the coordinator wrote the issuer key it names)."""
+        from peer.network.access import MAX_CLOCK_SKEW, _verify, revocations_payload
+        from peer.protocol import AccessRecord, RecordError, access_key, from_dht_value, owner_subkey
+
+        item = self.swarm.get_dict(access_key(self.swarm.run_id)).get(owner_subkey(self.coordinator_key))
+        if item is None:
+            return
+        try:
+            record = from_dht_value(AccessRecord, item.value)
+        except (RecordError, ValueError):
+            return
+        payload = revocations_payload(self.swarm.run_id, list(record.revoked), record.created)
+        if record.created <= self._revoked_at or record.created > time.time() + MAX_CLOCK_SKEW:
+            return
+        if _verify(bytes.fromhex(record.issuer), bytes.fromhex(record.signature), payload):
+            self.revoked, self._revoked_at = frozenset(record.revoked), record.created
 
     def _read(self) -> dict[bytes, Admission]:
         from peer.protocol import LearnerRecord, RecordError, from_dht_value, learners_key, parse_owner_subkey
@@ -320,7 +384,7 @@ class Admitted:
                 if len(self._checked) > 4 * MAX_REMEMBERED:
                     self._checked.popitem(last=False)
             if isinstance(result, Admission):
-                out[signer] = result
+                out[signer] = dataclasses.replace(result, created=min(record.created, now))  # none dated ahead
             else:
                 self.refuse(signer, result)
         return out

@@ -135,6 +135,28 @@ def test_the_invite_book_issues_revokes_lists_and_reuses_its_default(tmp_path):
         InviteBook(identity, "run-a")
 
 
+def test_learner_credentials_expire_by_default_and_can_be_revoked(tmp_path):
+    from coordinator.invites import LEARNER_EXPIRY, RENEW_BEFORE
+    from peer.network.swarm import load_signing_key
+
+    identity = tmp_path / "host.id"
+    load_signing_key(str(identity))
+    book = InviteBook(identity, "run-a")
+    default = book.default_learner()
+    assert default.certificate.expires == pytest.approx(time.time() + LEARNER_EXPIRY, abs=60), "7 days, not never"
+    reused = InviteBook(identity, "run-a").default_learner()
+    assert reused.certificate.credential_id == default.certificate.credential_id, "the same across restarts"
+    book.revoke(default.certificate.credential_id)
+    assert book.revoked() == [default.certificate.credential_id]
+    renewed = book.default_learner()
+    assert renewed.certificate.credential_id != default.certificate.credential_id, "a revoked default is replaced"
+    never = book.issue_learner("default", 0)  # one issued before defaults expired: never
+    assert never.certificate.expires == 0
+    again = book.default_learner()
+    assert again.certificate.credential_id not in (never.certificate.credential_id, default.certificate.credential_id)
+    assert again.certificate.expires > time.time() + RENEW_BEFORE, "the host never prints a credential about to end"
+
+
 def test_durations():
     assert parse_duration("30m") == 1800 and parse_duration("7d") == 7 * 86400 and parse_duration("never") == 0
     assert parse_duration("1.5h") == 5400

@@ -260,3 +260,77 @@ def test_a_learner_announces_the_ancestors_of_its_lineage():
     assert announcer._ancestors(4, SHA[3]) == [SHA[3], SHA[2], SHA[1], SHA[0]]
     assert announcer._ancestors(4, SHA[9]) == [SHA[9]], "a parent its lineage does not hold: only the parent"
     assert announcer._ancestors(0, "") == []
+
+
+def _publish_revoked(swarm, signer_key, revoked, created=None):
+    """What ``hivegrpo host`` stores under ``{run}_access`` (its own subkey, which the DHT's signature validator
+    lets only its key write): ``revoked`` ids signed by the issuer key of ``signer_key``."""
+    from peer.network.access import issuer_key, issuer_public, sign_revocations
+    from peer.protocol import AccessRecord, access_key
+
+    issuer = issuer_key(signer_key)
+    created = time.time() if created is None else created
+    record = AccessRecord(
+        issuer=issuer_public(issuer).hex(),
+        revoked=list(revoked),
+        created=created,
+        signature=sign_revocations(issuer, RUN, list(revoked), created).hex(),
+    )
+    swarm.records.setdefault(access_key(RUN), {})[owner_subkey(_pub(signer_key))] = to_dht_value(record)
+
+
+def test_a_credential_the_host_revokes_admits_nobody_from_the_next_read(keys):
+    swarm = _Swarm(keys.host)
+    credential, other = admission.issue_credential(keys.host, RUN), admission.issue_credential(keys.host, RUN)
+    _admit(swarm, credential, keys.learner, "QmLearner")
+    _admit(swarm, other, keys.stranger, "QmSecond")
+    admitted = Admitted(swarm, _pub(keys.host), refresh=0.0)
+    assert set(admitted.learners()) == {_pub(keys.learner), _pub(keys.stranger)}
+    _announce(swarm, keys.learner, 3, SHA[3], "QmLearner", SHA[2])
+    assert [r.version for _, r in announcements(swarm, admitted)] == [3]
+    _publish_revoked(swarm, keys.host, [credential.certificate.credential_id])
+    assert set(admitted.learners()) == {_pub(keys.stranger)}, "revoked: gone at the next read, the other stays"
+    assert announcements(swarm, admitted) == [], "its announcements are ignored"
+    assert not admitted.admits(_pub(keys.learner), "QmLearner")
+    assert any("was revoked by the host" in why for why in admitted.refused.values())
+
+
+def test_only_the_coordinators_own_signed_revocation_list_counts(keys):
+    swarm = _Swarm(keys.host)
+    credential = admission.issue_credential(keys.host, RUN)
+    _admit(swarm, credential, keys.learner, "QmLearner")
+    revoked = [credential.certificate.credential_id]
+    _publish_revoked(swarm, keys.stranger, revoked)  # a stranger's list, under its own subkey, signed by its issuer
+    admitted = Admitted(swarm, _pub(keys.host), refresh=0.0)
+    assert set(admitted.learners()) == {_pub(keys.learner)}, "a stranger cannot revoke the run's learners"
+    _publish_revoked(swarm, keys.host, revoked, created=time.time() + 3600)
+    assert set(admitted.learners()) == {_pub(keys.learner)}, "a list dated an hour ahead is refused"
+    _publish_revoked(swarm, keys.host, [])
+    assert set(admitted.learners()) == {_pub(keys.learner)}
+    _publish_revoked(swarm, keys.host, revoked, created=time.time() - 60)  # a replay of an older list
+    assert set(admitted.learners()) == {_pub(keys.learner)}
+    assert admitted.revoked == frozenset(), "an older list never replaces a newer one"
+
+
+def test_a_credential_bound_to_two_live_keys_admits_neither(keys):
+    swarm = _Swarm(keys.host)
+    credential = admission.issue_credential(keys.host, RUN)
+    _admit(swarm, credential, keys.learner, "QmLearner")
+    admitted = Admitted(swarm, _pub(keys.host), refresh=0.0)
+    assert set(admitted.learners()) == {_pub(keys.learner)}
+    _admit(swarm, credential, keys.stranger, "QmThief")  # the secret was stolen: the thief binds it to its own key
+    assert admitted.learners() == {}, "neither the thief nor the rightful learner"
+    assert any("bound to 2 keys at once" in why for why in admitted.refused.values())
+    _announce(swarm, keys.stranger, 9, SHA[9], "QmThief", SHA[8])
+    assert announcements(swarm, admitted) == []
+
+
+def test_a_learner_restarted_with_a_new_key_is_admitted_once_its_old_record_is_stale(keys):
+    swarm = _Swarm(keys.host)
+    credential = admission.issue_credential(keys.host, RUN)
+    old = admission.learner_record(credential, _Swarm(keys.learner, "QmBefore"))
+    old = old.copy(update={"created": time.time() - admission.BINDING_FRESH - 5})
+    swarm.records.setdefault(learners_key(RUN), {})[owner_subkey(_pub(keys.learner))] = to_dht_value(old)
+    _admit(swarm, credential, keys.stranger, "QmAfter")  # the same credential, a new key, stored now
+    admitted = Admitted(swarm, _pub(keys.host), refresh=0.0)
+    assert set(admitted.learners()) == {_pub(keys.stranger)} and admitted.peer_ids() == {"QmAfter"}
