@@ -22,6 +22,7 @@ from peer.protocol import (
     LearnerRecord,
     ManifestRecord,
     MetricsRecord,
+    access_key,
     adapter_key,
     credit_key,
     key_fingerprint,
@@ -57,15 +58,21 @@ def read_status(swarm, coordinator: str | None = None) -> dict[str, Any]:
         coordinator=coordinator,
         learners=_records(swarm, learners_key(swarm.run_id), LearnerRecord),
         credits=_records(swarm, credit_key(swarm.run_id), CreditRecord),
+        access=swarm.get_dict(access_key(swarm.run_id)),
     )
 
 
-def _admitted(run_id: str, coordinator_key: bytes | None, learners) -> tuple[dict[bytes, str], dict[str, str]]:
-    """Signer -> peer id of the learners whose admission verifies against the run's coordinator; refusals by
-    fingerprint (see :mod:`peer.network.admission`)."""
+def _admitted(
+    run_id: str, coordinator_key: bytes | None, learners, revoked=frozenset()
+) -> tuple[dict[bytes, str], dict[str, str], dict[str, int]]:
+    """Signer -> peer id of the learners whose admission verifies against the run's coordinator and whose
+    credential is not in ``revoked``; refusals by fingerprint; credential id -> signers, for credentials bound to
+    more than one (see :mod:`peer.network.admission`)."""
+    from collections import Counter
+
     from peer.network.admission import CredentialError, check_binding, verify_certificate
 
-    admitted, refused = {}, {}
+    admitted, refused, bound = {}, {}, Counter()
     for owner, record in learners:
         try:
             if coordinator_key is None:
@@ -73,10 +80,13 @@ def _admitted(run_id: str, coordinator_key: bytes | None, learners) -> tuple[dic
             certificate = verify_certificate(record.certificate, coordinator_key, run_id)
             if not check_binding(certificate, record.binding, run_id, owner, record.peer_id):
                 raise CredentialError("its binding was not signed by its credential's holder")
+            if certificate.credential_id in revoked:
+                raise CredentialError(f"its learner credential {certificate.credential_id} was revoked by the host")
             admitted[owner] = record.peer_id
+            bound[certificate.credential_id] += 1
         except CredentialError as e:
             refused[key_fingerprint(owner)] = f"learner record refused: {e}"
-    return admitted, refused
+    return admitted, refused, {credential: n for credential, n in bound.items() if n > 1}
 
 
 def _manifest(run_id: str, manifests, peers, coordinator: str | None) -> tuple[dict | None, list[str]]:
@@ -112,12 +122,30 @@ def _manifest(run_id: str, manifests, peers, coordinator: str | None) -> tuple[d
     }, []
 
 
-def _admitted_only(run_id, manifest, manifests, learners, peers, metrics, adapters, refused: dict, credits=()):
+def _admitted_only(
+    run_id,
+    manifest,
+    manifests,
+    learners,
+    peers,
+    metrics,
+    adapters,
+    refused: dict,
+    credits=(),
+    access=None,
+    shared=None,
+):
     """The heartbeats, metrics, announcements and credit records whose claims hold; what was refused goes into
-    ``refused``."""
+    ``refused``, the credentials bound to several keys into ``shared``. ``access``: the ``{run}_access`` items read
+    (the coordinator's revocation list)."""
+    from peer.network.admission import read_revoked
+
     host = next((o for o, _ in manifests if manifest and key_fingerprint(o) == manifest["coordinator"]), None)
-    admitted, why = _admitted(run_id, host, learners)
+    found = read_revoked(access, run_id, host) if access and host is not None else None
+    admitted, why, bound = _admitted(run_id, host, learners, found[0] if found else frozenset())
     refused.update(why)
+    if shared is not None:
+        shared.update(bound)
 
     def claims(owner: bytes, role: str, peer_id: str, what: str) -> bool:
         ok = owner == host if role == "coordinator" else role != "learner" or admitted.get(owner) == peer_id
@@ -147,22 +175,30 @@ def summarize(
     now: float | None = None,
     learners: list[tuple[bytes, Any]] | None = None,
     credits: list[tuple[bytes, CreditRecord]] | None = None,
+    access: dict | None = None,
 ) -> dict[str, Any]:
     """One JSON-ready dict of the swarm's state from its records (``(signing key, record)`` pairs).
 
     With ``learners`` (the ``{run}_learners`` records) only admitted learners' heartbeats, metrics and
     announcements and credit records count, only the manifest's signer is the coordinator, and every other claim is
     listed under ``refused``; without (unit tests of the other parts) every record counts. ``credits``: the learners'
-    credit records, merged by maximum into ``contributors`` (see :mod:`peer.run.credit`).
+    credit records, merged by maximum into ``contributors`` (see :mod:`peer.run.credit`). ``access``: the
+    ``{run}_access`` items as read, whose coordinator's revocation list refuses revoked learners.
     """
     now = time.time() if now is None else now
     manifest, problems = _manifest(run_id, manifests, peers, coordinator)
     refused: dict[str, str] = {}
+    shared: dict[str, int] = {}
     credits = credits or []
     if learners is not None:
         peers, metrics, adapters, credits = _admitted_only(
-            run_id, manifest, manifests, learners, peers, metrics, adapters, refused, credits
+            run_id, manifest, manifests, learners, peers, metrics, adapters, refused, credits, access, shared
         )
+    problems += [
+        f"learner credential {c} is bound to {n} keys at once: give each learner its own (`hivegrpo invite --role "
+        f"learner`); if one of them is not yours, revoke it (`hivegrpo invite --revoke {c}`)"
+        for c, n in sorted(shared.items())
+    ]
     group_size = (manifest or {}).get("group_size")
     learned = sorted((m for _, m in metrics), key=lambda m: m.version)
     newest = learned[-1] if learned else None

@@ -23,7 +23,6 @@ the host is down (``hivegrpo invite`` works offline), and nothing on the hot pat
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import secrets
 import threading
@@ -46,7 +45,6 @@ FORMAT = 1
 REFRESH = 5.0  # s between reads of the learners' records
 RECORD_TTL = 120.0  # s a learner's record lives unless re-stored (it is, with every heartbeat)
 MAX_REMEMBERED = 256  # signers whose refusal reason is kept for status
-BINDING_FRESH = 30.0  # s: records of one credential stored this long before its newest one are a dead learner's
 
 
 class CredentialError(UserError, ValueError):
@@ -252,24 +250,45 @@ class Admission:
     credential_id: str
     name: str
     expires: float  # 0 = never
-    created: float = 0.0  # when its record was stored (re-stored with every heartbeat of a live learner)
 
     def expired(self, now: float) -> bool:
         return self.expires != 0 and now >= self.expires
 
 
-def _newest_bindings(admissions) -> dict[str, float]:
-    """Credential id -> when the newest record binding it was stored."""
-    newest: dict[str, float] = {}
-    for a in admissions:
-        newest[a.credential_id] = max(newest.get(a.credential_id, 0.0), a.created)
-    return newest
+def read_revoked(items: dict, run_id: str, coordinator_key: bytes) -> tuple[frozenset[str], float] | None:
+    """The revoked ids and their list's ``created`` in ``items`` (a read of ``{run}_access``), from the record under
+    the coordinator's own subkey — the DHT's signature validator lets only its key write there, so the issuer key
+    that record names is the coordinator's — if the issuer signed it and it is not dated more than
+    :data:`~peer.network.access.MAX_CLOCK_SKEW` ahead; else None."""
+    from peer.network.access import MAX_CLOCK_SKEW, _verify, revocations_payload
+    from peer.protocol import AccessRecord, RecordError, from_dht_value, owner_subkey
+
+    item = items.get(owner_subkey(coordinator_key))
+    if item is None:
+        return None
+    try:
+        record = from_dht_value(AccessRecord, item.value)
+    except (RecordError, ValueError):
+        return None
+    payload = revocations_payload(run_id, list(record.revoked), record.created)
+    if record.created > time.time() + MAX_CLOCK_SKEW:
+        return None
+    if not _verify(bytes.fromhex(record.issuer), bytes.fromhex(record.signature), payload):
+        return None
+    return frozenset(record.revoked), record.created
 
 
-def _copied(credential_id: str, signers: int) -> str:
+def shared_credentials(admissions) -> dict[str, int]:
+    """Credential id -> how many signers ``admissions`` bind it to, for those bound to more than one."""
+    bound = Counter(a.credential_id for a in admissions)
+    return {credential_id: n for credential_id, n in bound.items() if n > 1}
+
+
+def _shared(credential_id: str, signers: int) -> str:
     return (
-        f"its learner credential {credential_id} is bound to {signers} keys at once (copied?): none of them is "
-        f"admitted; the host should revoke it (`hivegrpo invite --revoke {credential_id}`) and issue a new one"
+        f"learner credential {credential_id} is bound to {signers} keys at once: give each learner its own "
+        f"(`hivegrpo invite --role learner`), and if one of them is not yours, revoke it "
+        f"(`hivegrpo invite --revoke {credential_id}`)"
     )
 
 
@@ -279,16 +298,12 @@ class Admitted:
 
     ``refused`` names, for status, the signers this peer ignored and why (the newest ``MAX_REMEMBERED``).
 
-    Two rules make a credential something the host can take back:
-
-    * **revoked**: the coordinator's revocation list (``{run}_access``, under the coordinator's own subkey, the ids
-      signed by its invite issuer key; :mod:`coordinator.invites`) is read with every refresh, and an admission whose
-      credential id it lists is refused from then on — within ``refresh`` seconds of the list reaching the DHT;
-    * **one key at a time**: a credential is bound to one signer and one peer id. When live records (stored in the
-      last ``BINDING_FRESH`` seconds before the newest) bind one credential to several signers, none of them is
-      admitted, and status says the credential was copied: its holder has to be given a new one, and the old one
-      revoked. A learner restarted with a new key is admitted once its old record is ``BINDING_FRESH`` s older
-      than its new one (a live learner re-stores its record with every heartbeat).
+    A credential is something the host can take back: the coordinator's revocation list (``{run}_access``, under
+    the coordinator's own subkey, the ids signed by its invite issuer key; :mod:`coordinator.invites`) is read with
+    every refresh, and an admission whose credential id it lists is refused from then on — within ``refresh``
+    seconds of the list reaching the DHT. ``shared`` names the credentials that live records bind to more than one
+    signer (one learn line pasted on several machines, or a copied secret): logged once, shown by status, so the
+    host can give each learner its own and revoke the one that leaked.
     """
 
     def __init__(self, swarm, coordinator_key: bytes, adapter0_sha256: str = "", *, refresh: float = REFRESH):
@@ -305,6 +320,7 @@ class Admitted:
         self._lock = threading.Lock()
         self.revoked: frozenset[str] = frozenset()  # credential ids the coordinator's signed list revoked
         self._revoked_at = 0.0  # ``created`` of the list applied
+        self.shared: dict[str, int] = {}  # credential id -> signers its admissions bind it to, when more than one
 
     # --- reading -------------------------------------------------------------------------------------------------
 
@@ -324,44 +340,31 @@ class Admitted:
     def _merge(self, found: dict[bytes, Admission], now: float) -> None:
         """One read's admissions, plus those read before whose record cannot have expired since: a DHT read can
         miss entries of a dictionary (a node that did not hold them yet), and a learner must not flicker. What was
-        revoked or bound twice since is dropped too."""
+        revoked since is dropped too."""
         for signer, admission in found.items():
             self._by_signer[signer], self._seen[signer] = admission, now
         wall = time.time()
-        newest = _newest_bindings(self._by_signer.values())
-        live = {s: a for s, a in self._by_signer.items() if a.created > newest[a.credential_id] - BINDING_FRESH}
-        bound = Counter(a.credential_id for a in live.values())
         for signer in list(self._by_signer):
             admission = self._by_signer[signer]
-            if signer not in live:
-                pass  # a record of a learner gone: its credential is bound to a newer key now
-            elif bound[admission.credential_id] > 1:
-                self.refuse(signer, _copied(admission.credential_id, bound[admission.credential_id]))
-            elif admission.credential_id in self.revoked:
+            if admission.credential_id in self.revoked:
                 self.refuse(signer, f"its learner credential {admission.credential_id} was revoked by the host")
             elif not (now - self._seen[signer] > RECORD_TTL or admission.expired(wall)):
                 continue
             del self._by_signer[signer], self._seen[signer]
+        shared = shared_credentials(self._by_signer.values())
+        for credential_id in shared.keys() - self.shared.keys():
+            logger.warning(_shared(credential_id, shared[credential_id]))
+        self.shared = shared
 
     def _read_revoked(self) -> None:
-        """Apply the coordinator's revocation list if a newer one is in the DHT (module docstring of
-        :mod:`peer.network.access`: its ids are signed by the run's issuer key, and its subkey is the coordinator's,
-        so the DHT's signature validator vouches that the coordinator wrote the issuer key it names)."""
-        from peer.network.access import MAX_CLOCK_SKEW, _verify, revocations_payload
-        from peer.protocol import AccessRecord, RecordError, access_key, from_dht_value, owner_subkey
+        """Apply the coordinator's revocation list if a newer one is in the DHT (:func:`read_revoked`)."""
+        from peer.protocol import access_key
 
-        item = self.swarm.get_dict(access_key(self.swarm.run_id)).get(owner_subkey(self.coordinator_key))
-        if item is None:
-            return
-        try:
-            record = from_dht_value(AccessRecord, item.value)
-        except (RecordError, ValueError):
-            return
-        payload = revocations_payload(self.swarm.run_id, list(record.revoked), record.created)
-        if record.created <= self._revoked_at or record.created > time.time() + MAX_CLOCK_SKEW:
-            return
-        if _verify(bytes.fromhex(record.issuer), bytes.fromhex(record.signature), payload):
-            self.revoked, self._revoked_at = frozenset(record.revoked), record.created
+        found = read_revoked(
+            self.swarm.get_dict(access_key(self.swarm.run_id)), self.swarm.run_id, self.coordinator_key
+        )
+        if found is not None and found[1] > self._revoked_at:
+            self.revoked, self._revoked_at = found
 
     def _read(self) -> dict[bytes, Admission]:
         from peer.protocol import LearnerRecord, RecordError, from_dht_value, learners_key, parse_owner_subkey
@@ -384,7 +387,7 @@ class Admitted:
                 if len(self._checked) > 4 * MAX_REMEMBERED:
                     self._checked.popitem(last=False)
             if isinstance(result, Admission):
-                out[signer] = dataclasses.replace(result, created=min(record.created, now))  # none dated ahead
+                out[signer] = result
             else:
                 self.refuse(signer, result)
         return out
@@ -464,5 +467,7 @@ __all__ = [
     "parse_credential",
     "publish_admission",
     "read_certificate",
+    "read_revoked",
+    "shared_credentials",
     "verify_certificate",
 ]

@@ -10,7 +10,16 @@ import pytest
 
 from peer.network import admission
 from peer.network.admission import Admitted, CredentialError
-from peer.protocol import AdapterRecord, LearnerRecord, adapter_key, learners_key, owner_subkey, to_dht_value
+from peer.protocol import (
+    AdapterRecord,
+    LearnerRecord,
+    adapter_key,
+    from_dht_value,
+    learners_key,
+    owner_subkey,
+    parse_owner_subkey,
+    to_dht_value,
+)
 from peer.run.adapters import announcements, newest_announcement
 from tests.helpers.dict_swarm import DictSwarm, public, run_keys
 
@@ -262,7 +271,7 @@ def test_a_learner_announces_the_ancestors_of_its_lineage():
     assert announcer._ancestors(0, "") == []
 
 
-def _publish_revoked(swarm, signer_key, revoked, created=None):
+def _publish_revoked(swarm, signer_key, revoked, created=None, run=RUN):
     """What ``hivegrpo host`` stores under ``{run}_access`` (its own subkey, which the DHT's signature validator
     lets only its key write): ``revoked`` ids signed by the issuer key of ``signer_key``."""
     from peer.network.access import issuer_key, issuer_public, sign_revocations
@@ -274,9 +283,9 @@ def _publish_revoked(swarm, signer_key, revoked, created=None):
         issuer=issuer_public(issuer).hex(),
         revoked=list(revoked),
         created=created,
-        signature=sign_revocations(issuer, RUN, list(revoked), created).hex(),
+        signature=sign_revocations(issuer, run, list(revoked), created).hex(),
     )
-    swarm.records.setdefault(access_key(RUN), {})[owner_subkey(_pub(signer_key))] = to_dht_value(record)
+    swarm.records.setdefault(access_key(run), {})[owner_subkey(_pub(signer_key))] = to_dht_value(record)
 
 
 def test_a_credential_the_host_revokes_admits_nobody_from_the_next_read(keys):
@@ -312,25 +321,44 @@ def test_only_the_coordinators_own_signed_revocation_list_counts(keys):
     assert admitted.revoked == frozenset(), "an older list never replaces a newer one"
 
 
-def test_a_credential_bound_to_two_live_keys_admits_neither(keys):
+def test_a_credential_bound_to_two_keys_is_named_as_shared_and_status_says_so(keys):
+    from peer.status import summarize
+    from tests.helpers.status import NOW, status_manifest
+
     swarm = _Swarm(keys.host)
-    credential = admission.issue_credential(keys.host, RUN)
-    _admit(swarm, credential, keys.learner, "QmLearner")
+    swarm.run_id = "run-s"  # the status units' run
+    credential = admission.issue_credential(keys.host, "run-s")
+    records = swarm.records.setdefault(learners_key("run-s"), {})
+    for key, peer_id in ((keys.learner, "QmLearner"), (keys.stranger, "QmThief")):  # the thief binds it to its key
+        learner = _Swarm(key, peer_id)
+        learner.run_id = "run-s"
+        records[owner_subkey(_pub(key))] = to_dht_value(admission.learner_record(credential, learner))
     admitted = Admitted(swarm, _pub(keys.host), refresh=0.0)
-    assert set(admitted.learners()) == {_pub(keys.learner)}
-    _admit(swarm, credential, keys.stranger, "QmThief")  # the secret was stolen: the thief binds it to its own key
-    assert admitted.learners() == {}, "neither the thief nor the rightful learner"
-    assert any("bound to 2 keys at once" in why for why in admitted.refused.values())
-    _announce(swarm, keys.stranger, 9, SHA[9], "QmThief", SHA[8])
-    assert announcements(swarm, admitted) == []
+    assert len(admitted.learners()) == 2
+    assert admitted.shared == {credential.certificate.credential_id: 2}
+    learners = [(parse_owner_subkey(k), from_dht_value(LearnerRecord, v)) for k, v in records.items()]
+    manifests = [(_pub(keys.host), status_manifest())]
+    status = summarize("run-s", [], [], [], manifests, now=NOW, learners=learners)
+    assert any("bound to 2 keys at once" in p and "--revoke" in p for p in status["problems"]), status["problems"]
 
 
-def test_a_learner_restarted_with_a_new_key_is_admitted_once_its_old_record_is_stale(keys):
+def test_status_refuses_a_learner_whose_credential_the_host_revoked(keys):
+    from peer.protocol import access_key
+    from peer.status import summarize
+    from tests.helpers.status import NOW, status_manifest
+
     swarm = _Swarm(keys.host)
-    credential = admission.issue_credential(keys.host, RUN)
-    old = admission.learner_record(credential, _Swarm(keys.learner, "QmBefore"))
-    old = old.copy(update={"created": time.time() - admission.BINDING_FRESH - 5})
-    swarm.records.setdefault(learners_key(RUN), {})[owner_subkey(_pub(keys.learner))] = to_dht_value(old)
-    _admit(swarm, credential, keys.stranger, "QmAfter")  # the same credential, a new key, stored now
-    admitted = Admitted(swarm, _pub(keys.host), refresh=0.0)
-    assert set(admitted.learners()) == {_pub(keys.stranger)} and admitted.peer_ids() == {"QmAfter"}
+    credential = admission.issue_credential(keys.host, "run-s")
+    learner = _Swarm(keys.learner, "QmLearner")
+    learner.run_id = "run-s"
+    record = admission.learner_record(credential, learner)
+    _publish_revoked(swarm, keys.host, [credential.certificate.credential_id], run="run-s")
+    access = swarm.get_dict(access_key("run-s"))
+    manifests = [(_pub(keys.host), status_manifest())]
+    args = dict(now=NOW, learners=[(_pub(keys.learner), record)])
+    assert not summarize("run-s", [], [], [], manifests, **args)["refused"], "admitted without the list"
+    refused = summarize("run-s", [], [], [], manifests, access=access, **args)["refused"]
+    assert [r["why"] for r in refused] == [
+        f"learner record refused: its learner credential {credential.certificate.credential_id} was revoked by the "
+        "host"
+    ]
