@@ -13,6 +13,13 @@
 ====================  ==================================================================================
 
 The page is one self-contained HTML file (no CDN, no build step): a host on a closed network serves it whole.
+
+The server is on the open internet as soon as ``--web-host 0.0.0.0`` says so, so it bounds what a client can hold:
+a connection silent for ``REQUEST_TIMEOUT`` seconds is closed (a slow client cannot keep threads for ever), and at
+most ``MAX_CLIENTS`` are served at once (others are closed unanswered). Bound to a loopback address (the default),
+it answers only requests whose ``Host`` names a loopback address: a web page elsewhere that rebinds its own domain
+name to 127.0.0.1 cannot read the swarm's status (peer addresses, names, a private run's members) through the
+user's browser.
 """
 
 from __future__ import annotations
@@ -110,14 +117,67 @@ def page() -> bytes:
     return files("coordinator").joinpath("web_page.html").read_bytes()
 
 
+REQUEST_TIMEOUT = 10.0  # s a client may stay silent (while sending its request, or not reading the answer)
+MAX_CLIENTS = 32  # connections served at once
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host in LOOPBACK_NAMES or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def host_name(header: str) -> str:
+    """The name in a ``Host`` header, without its port (``[::1]:8080`` -> ``[::1]``)."""
+    if header.startswith("["):
+        return header.split("]", 1)[0] + "]"
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address, handler, max_clients: int = MAX_CLIENTS):
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_clients)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # full: closed unanswered
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class WebServer:
     """Serves the page, the JSON API and ``/metrics`` on ``(host, port)`` (port 0: any free one) from a thread."""
 
-    def __init__(self, history: StatusHistory, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        history: StatusHistory,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        timeout: float = REQUEST_TIMEOUT,
+        max_clients: int = MAX_CLIENTS,
+    ):
         self.history = history
-        handler = type("Handler", (_Handler,), {"server_state": self})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.loopback_only = is_loopback(host)
+        handler = type("Handler", (_Handler,), {"server_state": self, "timeout": timeout})
+        self.httpd = _Server((host, port), handler, max_clients)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="web", daemon=True)
 
     @property
@@ -153,6 +213,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(code, json.dumps(value).encode(), "application/json")
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        named = host_name(self.headers.get("Host", ""))
+        if self.server_state.loopback_only and not is_loopback(named):
+            self._json({"error": f"this page answers only on localhost, not {named[:64]!r}"}, 421)
+            return
         history = self.server_state.history
         path = self.path.split("?", 1)[0]
         latest = history.latest
@@ -172,4 +236,4 @@ class _Handler(BaseHTTPRequestHandler):
             self._json({"error": f"no page {path}; try /, /api/status, /api/history or /metrics"}, 404)
 
 
-__all__ = ["StatusHistory", "WebServer", "point_of", "prometheus"]
+__all__ = ["MAX_CLIENTS", "REQUEST_TIMEOUT", "StatusHistory", "WebServer", "point_of", "prometheus"]

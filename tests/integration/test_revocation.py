@@ -1,0 +1,70 @@
+"""A learner credential the host revokes, live: `hivegrpo invite --revoke` against a running host, learner and
+rollout peer (real processes on loopback). What must hold: within a minute `hivegrpo status` names the learner
+as refused because its credential was revoked, and the rollout peer never samples with a version the learner
+made after that (the learner itself does not know: it keeps making versions nobody takes).
+"""
+
+import json
+import time
+
+import pytest
+
+from peer.network.admission import parse_credential
+from tests.helpers.swarm import fingerprint, join_args, learn_args, read_ledger, start_host, status
+from tests.helpers.waiting import wait_until
+from tests.integration.test_private import cli
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(360)
+def test_a_revoked_learner_is_ignored_by_rollout_peers_and_status_within_a_minute(tmp_path, procs):
+    identity = str(tmp_path / "host.id")
+    host, info = start_host(procs, tmp_path, "revoke1", "--identity", identity, "--groups-per-version", "4")
+    rollout_ledger, ledger, learner_id = tmp_path / "rollout.jsonl", tmp_path / "learner.jsonl", tmp_path / "l.id"
+    rollout = procs.start(
+        "rollout", "join", *join_args(info), "--cache-dir", str(tmp_path / "r"), "--batch-size", "4",
+        "--ledger", str(rollout_ledger),
+    )  # fmt: skip
+    learner = procs.start(
+        "learner", "learn", *learn_args(info), "--cache-dir", str(tmp_path / "l"), "--ledger", str(ledger),
+        "--identity", str(learner_id),
+    )  # fmt: skip
+    me = fingerprint(learner_id)
+
+    def swapped() -> list[int]:
+        return [line["version"] for line in read_ledger(rollout_ledger) if line.get("kind") == "swap"]
+
+    wait_until(lambda: max(swapped(), default=0) >= 2, "the rollout peer on version 2", 180, [learner, rollout])
+    before = status(info["run_id"], info["initial_peers"], "--coordinator", info["coordinator"])
+    assert all(r["fingerprint"] != me for r in before["refused"]), before["refused"]
+
+    credential_id = parse_credential(info["learner_credential"]).certificate.credential_id
+    revoked = cli("invite", "--identity", identity, "--run-id", info["run_id"], "--revoke", credential_id)
+    assert revoked.returncode == 0, revoked.stderr
+    started = time.monotonic()
+
+    def refused_by_status() -> str | None:
+        seen = status(info["run_id"], info["initial_peers"], "--coordinator", info["coordinator"])
+        return next((r["why"] for r in seen["refused"] if r["fingerprint"] == me), None)
+
+    why = wait_until(refused_by_status, "status refusing the revoked learner", 60, [host, learner, rollout])
+    took = time.monotonic() - started
+    assert "revoked by the host" in why and credential_id in why, why
+    assert took <= 60
+
+    def made() -> list[int]:  # the learner's ledger: a line per version made (and per batch used up without signal)
+        return [line["version"] for line in read_ledger(ledger) if not line.get("no_signal")]
+
+    made_then = len(made())
+    wait_until(
+        lambda: len(made()) >= made_then + 2,
+        "two more versions of the revoked learner",
+        90,
+        [learner, rollout],
+    )
+    time.sleep(3)  # a follower swaps within a second of an announcement it takes
+    newest_made = max(made())
+    assert max(swapped()) < newest_made, f"the rollout peer took v{max(swapped())} of the revoked learner"
+    assert all(p.poll() is None for p in (host, learner, rollout))
+    print(json.dumps({"status_refused_after_s": round(took, 1), "swapped_max": max(swapped()), "made": newest_made}))
