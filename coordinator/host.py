@@ -139,7 +139,8 @@ class Host:
                 admitted=admitted,
             )
             self._closers.add(evaluator.start().stop)
-        logger.info("hosting run %s; others join with:\n  %s", s.run_id, self.join_command())
+        # the join line of a private run carries its invite: it goes to stdout and the --info-file, never to a log
+        logger.info("hosting run %s as coordinator %s at %s", s.run_id, self.fingerprint, self.swarm.visible_maddrs())
         return self
 
     @property

@@ -148,7 +148,7 @@ def fork(argv: list[str], log: Path, stdout: Path, name: str) -> Forked:
             finalizer.atexit = False
         os.setsid()
         for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, stdout, os.O_WRONLY), (2, log, os.O_WRONLY)):
-            opened = os.open(path, flags | (os.O_CREAT | os.O_TRUNC if fd else 0), 0o644)
+            opened = os.open(path, flags | (os.O_CREAT | os.O_TRUNC if fd else 0), 0o600)
             os.dup2(opened, fd)
             os.close(opened)
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -55,7 +55,7 @@ class Child:
 
             self.process = fork(argv, self.log, self.summary, forked)
             return
-        with open(self.summary, "w") as out:
+        with open(self.summary, "w", opener=lambda path, flags: os.open(path, flags, 0o600)) as out:
             self.process = spawn(["-m", module, *argv], self.log, stdout=out, session_nice=session_nice)
 
     @property
@@ -139,6 +139,7 @@ class LocalSwarm:
         from peer.demo.prestart import CREDENTIAL, JOIN, ROLE_MODULES, can_fork
 
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.logs.chmod(0o700)  # the host's summary holds the learner credential, the logs the peers' addresses
         info_file = self.root / "info.json"
         host = ["host", "--run-id", self.run_id, "--cache-dir", str(self.root / "host"), *LOOPBACK]
         self.host = Child(

@@ -75,6 +75,11 @@ def test_demo_runs_a_local_swarm_reports_it_and_saves_an_adapter_that_evaluates_
     assert set(metrics["exit_codes"]) == {"host", "learner", "rollout-1", "rollout-2"}
     assert all(code == 0 for code in metrics["exit_codes"].values()), metrics["exit_codes"]
 
+    # the host's summary holds the learner credential: its folder and files are this user's alone
+    logs = report_dir / "logs"
+    assert oct(logs.stat().st_mode & 0o777) == "0o700", "the logs folder"
+    assert all(oct(f.stat().st_mode & 0o077) == "0o0" for f in logs.iterdir() if f.suffix == ".json"), "summaries"
+
     # evaluations start at v0, move forward, and the last is of the adapter the report saved
     evaluations = metrics["evaluations"]
     assert evaluations[0]["version"] == 0 and len(evaluations) >= 2
