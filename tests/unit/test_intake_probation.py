@@ -119,3 +119,39 @@ def test_a_flood_of_fresh_keys_costs_a_bounded_number_of_checks_per_update(run):
     mine = [intake.add(fetched(one, answered_group(run, one, seq, 1)), 0) for seq in range(PROBATION + 2)]
     assert sum(v is None for v in mine) == PROBATION, "one new key gets at most its probation's checks per renewal"
     assert intake_module.FORGIVEN.count("busy") == 1
+
+
+def test_the_ban_list_keeps_the_most_recent_and_a_forgotten_liar_is_caught_again(run, monkeypatch):
+    monkeypatch.setattr(intake_module, "MAX_BANS", 8)
+    intake = new_intake(run, batch=4, check_rate=0.1)
+    keys = sybils(20)
+    for key in keys:
+        intake.ban(key, "reward: lied")
+    assert list(intake.banned) == keys[-8:] and intake.bans_made == 20 and intake.counts["bans_forgotten"] == 12
+    forgotten = keys[0]
+    assert intake.on_probation(forgotten), "a forgotten signer is a new one"
+    assert intake.add(fetched(forgotten, answered_group(run, forgotten, 0, 1)), 0) is None
+    check_all(run, intake)
+    assert forgotten in intake.banned and intake.waiting() == 0, "its forged group: caught at its first check"
+    again = new_intake(run, batch=4, check_rate=0.1)
+    again.restore(intake.state())
+    assert len(again.banned) == 8, "a checkpoint holds the bounded list"
+
+
+def test_each_update_tells_the_bans_made_since_the_last_even_past_the_bound(run, monkeypatch):
+    from types import SimpleNamespace
+
+    from peer.roles.learner.state import LearnerState
+
+    monkeypatch.setattr(intake_module, "MAX_BANS", 4)
+    intake = new_intake(run, batch=4)
+    state = SimpleNamespace(intake=intake, bans_recorded=0)  # what intake_delta reads of the learner's state
+    keys = sybils(7)
+    intake.ban(keys[0], "a")
+    assert LearnerState.intake_delta(state, [])["banned"] == {keys[0].hex(): "a"}
+    assert LearnerState.intake_delta(state, [])["banned"] == {}, "told once"
+    for key in keys[1:]:
+        intake.ban(key, "b")
+    told = LearnerState.intake_delta(state, [])["banned"]
+    assert list(told) == [k.hex() for k in keys[3:]], "six new bans, four remembered: those four, in order"
+    assert state.bans_recorded == intake.bans_made == 7

@@ -78,7 +78,7 @@ import math
 import os
 import random
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 from dataclasses import dataclass
 
 from peer.network.buckets import Fetched
@@ -95,6 +95,7 @@ BURST = 0.5  # the share of its cap a signer may give beyond it in one update, p
 MUTE_FIRST = 10.0  # s a signer whose blob could not be fetched is muted, the first time since its last verified group
 MUTE_MOST = 600.0  # s: each mute again with no verified group between lasts twice the last, up to this
 PROBATION = 8  # groups of a signer that must pass a check (or go into an update) before checks are only sampled
+MAX_BANS = 4096  # banned signers remembered (the most recent): a forgotten one is on probation again, caught anew
 PROBATION_BUDGET = 2  # x batch: groups of all signers on probation checked per update (or per ``recent`` s), at most
 FORGET_MARGIN = 2  # versions beyond the window whose seqs are still remembered one by one
 FORGET_EVERY = 8  # versions between two passes that forget old seqs
@@ -148,7 +149,8 @@ class Intake:
         self.recent, self.clock = recent, clock
         self.barrier = barrier
         self.known: dict[int, str] = {}  # adapter version -> sha256 of this learner's lineage
-        self.banned: dict[bytes, str] = {}  # signer -> why
+        self.banned: OrderedDict[bytes, str] = OrderedDict()  # signer -> why (the MAX_BANS most recent)
+        self.bans_made = 0  # bans ever made here (or restored): ``banned`` keeps their order, forgetting the oldest
         self.seqs: dict[bytes, dict[int, int]] = defaultdict(dict)  # signer -> seq -> version (recent versions)
         self.floor: dict[bytes, int] = {}  # signer -> the highest seq forgotten (its version left the window)
         self.used: dict[bytes, dict[int, int]] = defaultdict(dict)  # the same, of groups an update took
@@ -302,8 +304,15 @@ class Intake:
             self.proven[owner] = min(PROBATION, self.proven.get(owner, 0) + n)
 
     def ban(self, owner: bytes, reason: str) -> None:
+        """Ban ``owner`` for the run. Keys are free, so the list keeps the ``MAX_BANS`` most recent: a signer
+        forgotten is a new one again, on probation (every group checked before use), so its next lie is caught at its
+        first group — which costs it a checked group, as a new key would."""
         if owner not in self.banned:
             self.banned[owner] = reason
+            self.bans_made += 1
+            while len(self.banned) > MAX_BANS:
+                self.banned.popitem(last=False)
+                self.counts["bans_forgotten"] += 1
             self.strikes.pop(owner, None)
             self.muted.pop(owner, None)
             self.counts["purged"] += len(self.pool.pop(owner, []))
@@ -422,7 +431,7 @@ class Intake:
 
     def restore(self, state: dict) -> None:
         for owner, reason in state.get("banned", {}).items():
-            self.banned[bytes.fromhex(owner)] = reason
+            self.ban(bytes.fromhex(owner), reason)
         for owner, pairs in state.get("used", {}).items():
             used = {int(s): int(v) for s, v in pairs}
             self.used[bytes.fromhex(owner)].update(used)

@@ -234,7 +234,7 @@ class LearnerPeer:
         self.intake.credit = self.credit
         self._resume()
         self.merge_credit()  # before the intake counts anything: merging by maximum needs one history on each side
-        self.state.bans_recorded = len(self.intake.banned)
+        self.state.bans_recorded = self.intake.bans_made
         self.state.remember()
         if self._checkpoint_after_start:
             self.checkpoint()

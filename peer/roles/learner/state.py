@@ -34,7 +34,7 @@ class LearnerState:
         # per version of the window: its sha256 and a copy of its LoRA tensors (spot checks visit old versions)
         self.window: dict[int, tuple[str, list[torch.Tensor]]] = {}
         self.checkpointed: frozenset = frozenset()  # the sha256 of the adapter in the checkpoint (kept cached)
-        self.bans_recorded = 0  # bans already in the journal and told to helpers (intake.banned keeps its order)
+        self.bans_recorded = 0  # intake.bans_made already in the journal and told to helpers (banned keeps the order)
 
     def remember(self) -> None:
         """Keep the held version's tensors in the window; drop versions older than the window, and their blobs."""
@@ -60,8 +60,9 @@ class LearnerState:
         used: dict[str, list[list[int]]] = {}
         for a in chosen:
             used.setdefault(a.owner.hex(), []).append([a.group.seq, a.group.version])
-        banned = list(self.intake.banned.items())[self.bans_recorded :]
-        self.bans_recorded += len(banned)
+        new = min(self.intake.bans_made - self.bans_recorded, len(self.intake.banned))
+        banned = list(self.intake.banned.items())[len(self.intake.banned) - new :] if new > 0 else []
+        self.bans_recorded = self.intake.bans_made
         return {"used": used, "banned": {owner.hex(): why for owner, why in banned}}
 
     def snapshot(self) -> dict:
@@ -94,7 +95,7 @@ class LearnerState:
         self.window.clear()
         self.parent = state["parent"]
         self.remember()
-        self.bans_recorded = len(intake.banned)
+        self.bans_recorded = intake.bans_made
 
 
 __all__ = ["KEEP_ADAPTERS", "LearnerState"]

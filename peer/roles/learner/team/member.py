@@ -261,7 +261,7 @@ class Teamwork:
         self.lead.lead(s.version, s.sha)
         self.leader, self.members, self._synced = None, [self.me], True
         self.leader_bans.clear()  # the last leader's decisions: this learner's intake judges for itself now
-        self.peer.state.bans_recorded = len(self.peer.intake.banned)
+        self.peer.state.bans_recorded = self.peer.intake.bans_made
         self._next_rival_check, self._rival = time.monotonic() + RIVAL_CHECK_EVERY, None
         if self.counts["led"] or self.counts["followed"]:  # a takeover: what the last leader counted, by maximum
             self.peer.merge_credit()  # (at start, the learner merged before its intake counted anything)
