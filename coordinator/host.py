@@ -106,6 +106,7 @@ class Host:
         for f in self.manifest.model.files:
             self.blobs.cache.adopt(folder / f.path, sha256=f.sha256)
         self._v0 = v0
+        self.swarm.set_standing(self.swarm.public_key)  # its node's quota keeps room for its records, learners'
         self._publish()
         self.heartbeat = Heartbeat(self.swarm, "coordinator", interval=c.heartbeat_interval)
         self.heartbeat.counters = self.blobs.counters

@@ -321,6 +321,8 @@ class Admitted:
         self.revoked: frozenset[str] = frozenset()  # credential ids the coordinator's signed list revoked
         self._revoked_at = 0.0  # ``created`` of the list applied
         self.shared: dict[str, int] = {}  # credential id -> signers its admissions bind it to, when more than one
+        self.on_change = None  # called with the admitted signers (a frozenset) whenever they change
+        self._told: frozenset[bytes] = frozenset()
 
     # --- reading -------------------------------------------------------------------------------------------------
 
@@ -355,6 +357,9 @@ class Admitted:
         for credential_id in shared.keys() - self.shared.keys():
             logger.warning(_shared(credential_id, shared[credential_id]))
         self.shared = shared
+        if self.on_change is not None and self._by_signer.keys() != self._told:
+            self._told = frozenset(self._by_signer)
+            self.on_change(self._told)
 
     def _read_revoked(self) -> None:
         """Apply the coordinator's revocation list if a newer one is in the DHT (:func:`read_revoked`)."""

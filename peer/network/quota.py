@@ -19,14 +19,20 @@ the DHT's own process, and every record stored there (by this peer or any other)
   newer version; otherwise, and for every other key, a new subkey is refused while an existing one may still be
   replaced by a record of no larger size (a coordinator refreshing its manifest, a learner its announcement).
 
-Records stored before a flood stay (first come, first kept): the coordinator's manifest, stored when the run
-starts and refreshed in place, outlives any number of later strangers. Every node enforces this for itself, so
-any node's answer for a run key fits one message whatever writers do. Written against hivemind 1.1.12's
+Records stored before a flood stay (first come, first kept): the coordinator's manifest, stored when the run starts and
+refreshed in place, outlives any number of later strangers. But keys are free: ~2,000 strangers' junk records filled
+the small keys that only the coordinator and the run's learners need (``STANDING_FIELDS``), and then no new learner
+could store its admission and no announcement could grow. So on those keys a **signer with standing** — the
+coordinator, a learner whose admission record verifies against the coordinator's key on this node, or one the peer's
+own reading admitted (:func:`set_standing`) — makes room in a full key by evicting records of signers without standing,
+soonest-expiring first. A stranger's record never evicts anything. Every node enforces this for itself, so any node's
+answer for a run key fits one message whatever writers do. Written against hivemind 1.1.12's
 ``DHTLocalStorage.store_subkey`` and ``DictionaryDHTValue``.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from peer.protocol.keys import (
@@ -59,6 +65,16 @@ MAX_TTL = {  # s: the longest life a writer of each key gives a record (the key 
     BUCKET_FIELD_PREFIX: 600.0,
     HOLDERS_FIELD_PREFIX: 60.0,  # holders say so for seconds (peer.network.holders)
 }
+STANDING_FIELDS = (
+    LEARNERS_FIELD,
+    ADAPTER_FIELD,
+    CORE_PEERS_FIELD,
+    CREDIT_FIELD,
+    METRICS_FIELD,
+    MANIFEST_FIELD,
+    ACCESS_FIELD,
+)
+"""Keys whose honest writers are the coordinator and admitted learners: one with standing evicts strangers there."""
 MAX_KEY_BYTES = 2 << 20  # values + subkeys under one key on one node: half of p2pd's 4 MiB message
 MAX_HOLDERS_KEY_BYTES = 64 << 10  # a holder slot: every fetcher reads it once per version (honest: ~10 entries)
 MAX_ENTRIES_PER_SIGNER = 256  # bucket entries of one signer under one key (honest: a few dozen per version)
@@ -83,8 +99,9 @@ class KeyQuota:
             max_bytes = min(max_bytes, MAX_HOLDERS_KEY_BYTES)
         self.max_bytes, self.per_signer = max_bytes, per_signer
 
-    def check(self, items: dict, subkey, value: bytes, expiration: float, now: float) -> Verdict:
-        """``items``: the key's live ``{subkey: (value, expiration)}`` on this node."""
+    def check(self, items: dict, subkey, value: bytes, expiration: float, now: float, standing=None) -> Verdict:
+        """``items``: the key's live ``{subkey: (value, expiration)}`` on this node; ``standing(owner key)``: whether
+        a signer has standing (module docstring; None: nobody has)."""
         if expiration > now + self.max_ttl + CLOCK_SKEW:
             return Verdict(False, f"expires {expiration - now:.0f} s ahead, over {self.max_ttl:.0f} s")
         if not isinstance(subkey, bytes):
@@ -95,12 +112,30 @@ class KeyQuota:
             old = items[subkey][0]
             if used - len(subkey) - len(old) + size <= self.max_bytes or size <= len(subkey) + len(old):
                 return Verdict(True)
-            return Verdict(False, "a larger replacement in a full key")
+            return self._make_room(
+                items, subkey, used - len(subkey) - len(old) + size, standing, "a larger replacement"
+            )
         if self.bucket:
             return self._bucket(items, subkey, size, used)
         if used + size > self.max_bytes:
-            return Verdict(False, f"the key holds {used} bytes already")
+            return self._make_room(items, subkey, used + size, standing, f"the key holds {used} bytes already;")
         return Verdict(True)
+
+    def _make_room(self, items: dict, subkey: bytes, needed: int, standing, why: str) -> Verdict:
+        """Evict records of signers without standing (soonest-expiring first) for a signer with standing."""
+        owner = owner_of(subkey)
+        if self.field not in STANDING_FIELDS or standing is None or owner is None or not standing(owner):
+            return Verdict(False, f"{why} in a full key")
+        evict, freed = [], 0
+        strangers = [k for k in items if isinstance(k, bytes) and k != subkey and not _has(standing, owner_of(k))]
+        for k in sorted(strangers, key=lambda k: items[k][1]):
+            if needed - freed <= self.max_bytes:
+                break
+            evict.append(k)
+            freed += len(k) + len(items[k][0])
+        if needed - freed > self.max_bytes:
+            return Verdict(False, f"{why} in a key full of signers with standing")
+        return Verdict(True, evict=tuple(evict))
 
     def _bucket(self, items: dict, subkey: bytes, size: int, used: int) -> Verdict:
         parsed = _group_subkey(subkey)
@@ -123,6 +158,56 @@ class KeyQuota:
         if used + size - freed > self.max_bytes:
             return Verdict(False, f"the bucket holds {used} bytes of versions up to this one's")
         return Verdict(True, evict=tuple(evict))
+
+
+def _has(standing, owner: bytes | None) -> bool:
+    return owner is not None and standing(owner)
+
+
+class Standing:
+    """Inside the DHT process: the signers with standing on this node (module docstring)."""
+
+    MAX_VERIFIED = 4096  # learner signers whose admission verified here (an honest run has a few)
+
+    def __init__(self):
+        self.coordinator: bytes | None = None
+        self.admitted: frozenset[bytes] = frozenset()  # pushed by the peer process (its Admitted)
+        self.verified: dict[bytes, float] = {}  # learner signer -> its credential's expiry (0: never)
+        self._tried: dict[bytes, bool] = {}  # digest of (signer, value) -> whether it verified
+
+    def __call__(self, owner: bytes) -> bool:
+        if owner == self.coordinator or owner in self.admitted:
+            return True
+        expires = self.verified.get(owner)
+        return expires is not None and (expires == 0 or expires > time.time())
+
+    def learner_record(self, run_id: str, owner: bytes, record_value) -> None:
+        """Note ``owner``'s admission record (the stored value, its signature stripped) if it verifies."""
+        import hashlib
+
+        import msgpack
+
+        if self.coordinator is None or not isinstance(record_value, bytes):
+            return
+        digest = hashlib.sha256(owner + b"\0" + record_value).digest()
+        if digest in self._tried:
+            return
+        self._tried[digest] = False
+        if len(self._tried) > 4 * self.MAX_VERIFIED:
+            self._tried.pop(next(iter(self._tried)))
+        from peer.network.admission import CredentialError, check_binding, verify_certificate
+        from peer.protocol import LearnerRecord, RecordError, from_dht_value
+
+        try:
+            record = from_dht_value(LearnerRecord, msgpack.unpackb(record_value, max_bin_len=4096, max_str_len=4096))
+            certificate = verify_certificate(record.certificate, self.coordinator, run_id)
+        except (RecordError, CredentialError, ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError):
+            return
+        if check_binding(certificate, record.binding, run_id, owner, record.peer_id):
+            self._tried[digest] = True
+            self.verified[owner] = certificate.expires
+            while len(self.verified) > self.MAX_VERIFIED:
+                self.verified.pop(next(iter(self.verified)))
 
 
 def _group_subkey(subkey: bytes) -> tuple[bytes, int] | None:
@@ -156,18 +241,24 @@ async def install(run_id: str, _dht, node) -> bool:
     storage = node.protocol.storage
     if getattr(storage, "_hivegrpo_quota", None) is not None:
         return False
-    rules, stats = quotas(run_id), QuotaStats()
+    rules, stats, standing = quotas(run_id), QuotaStats(), Standing()
     original = storage.store_subkey
+    validator = node.protocol.record_validator
 
     def store_subkey(key, subkey, value, expiration_time) -> bool:
         rule = rules.get(key.to_bytes())
         if rule is None:
             return original(key, subkey, value, expiration_time)
+        if rule.field == LEARNERS_FIELD and isinstance(subkey, bytes) and (owner := owner_of(subkey)) is not None:
+            from hivemind.dht.crypto import DHTRecord
+
+            stripped = validator.strip_value(DHTRecord(key.to_bytes(), subkey, value, expiration_time))
+            standing.learner_record(run_id, owner, stripped)
         held = storage.get(key)
         items = {}
         if held is not None and isinstance(held.value, DictionaryDHTValue):
             items = {k: (v.value, v.expiration_time) for k, v in held.value.items()}
-        verdict = rule.check(items, subkey, value, expiration_time, get_dht_time())
+        verdict = rule.check(items, subkey, value, expiration_time, get_dht_time(), standing)
         if not verdict.ok:
             stats.refused[rule.field] = stats.refused.get(rule.field, 0) + 1
             return False
@@ -178,7 +269,16 @@ async def install(run_id: str, _dht, node) -> bool:
 
     storage.store_subkey = store_subkey
     storage._hivegrpo_quota = stats
+    storage._hivegrpo_standing = standing
     return True
+
+
+async def set_standing(coordinator_key: bytes, admitted: frozenset[bytes], _dht, node) -> None:
+    """Inside the DHT process (``dht.run_coroutine(partial(set_standing, key, admitted))``): the run's coordinator
+    key (from the manifest this peer pinned) and the learners this peer's reading admitted have standing here."""
+    standing = getattr(node.protocol.storage, "_hivegrpo_standing", None)
+    if standing is not None:
+        standing.coordinator, standing.admitted = coordinator_key, frozenset(admitted)
 
 
 async def quota_stats(_dht, node) -> dict:
@@ -187,4 +287,15 @@ async def quota_stats(_dht, node) -> dict:
     return {} if stats is None else {"refused": dict(stats.refused), "evicted": stats.evicted}
 
 
-__all__ = ["CLOCK_SKEW", "MAX_ENTRIES_PER_SIGNER", "MAX_KEY_BYTES", "MAX_TTL", "KeyQuota", "install", "quota_stats"]
+__all__ = [
+    "CLOCK_SKEW",
+    "MAX_ENTRIES_PER_SIGNER",
+    "MAX_KEY_BYTES",
+    "MAX_TTL",
+    "STANDING_FIELDS",
+    "KeyQuota",
+    "Standing",
+    "install",
+    "quota_stats",
+    "set_standing",
+]

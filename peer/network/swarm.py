@@ -496,6 +496,14 @@ class Swarm:
             return {}
         return found.value
 
+    def set_standing(self, coordinator_key: bytes, admitted=frozenset()) -> None:
+        """Tell this peer's DHT node whose records may evict strangers' in the run's small keys: the coordinator the
+        manifest names, and the learners this peer admitted (:mod:`peer.network.quota`, "standing"). Not waited
+        for: it is one call to the DHT process."""
+        from peer.network.quota import set_standing
+
+        self.dht.run_coroutine(partial(set_standing, coordinator_key, frozenset(admitted)), return_future=True)
+
     def local_dict(self, key: str, skip: Collection[int] = ()) -> dict:
         """Like :meth:`get_dict`, from this peer's own DHT node only (what it holds as a replica or was sent with
         ``also``): no request leaves the process pair. ``skip``: :func:`subkey_tag` of entries left out (a reader's

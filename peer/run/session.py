@@ -16,6 +16,7 @@ import gc
 import sys
 import time
 from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
 
 from peer.closers import Closers
@@ -211,6 +212,8 @@ def open_session(config: SessionConfig, role: str, closers: Closers) -> Session:
     )
     session = Session(swarm, blobs, heartbeat, spec, None, None, None)
     session.admitted = Admitted(swarm, coordinator_key, manifest.adapter0_sha256)
+    swarm.set_standing(coordinator_key)  # this node's quota: the coordinator's and admitted learners' records first
+    session.admitted.on_change = partial(swarm.set_standing, coordinator_key)
     if credential is not None:
         _admit_self(session, credential)
     if swarm.access is not None:

@@ -48,3 +48,45 @@ def test_fake_coordinator_heartbeats_do_not_keep_a_newcomer_from_the_hosts_model
         path = fetch(file.sha256, file.size, lambda done, total: None)
         assert hashlib.sha256(path.read_bytes()).hexdigest() == file.sha256, file.path
     assert host.poll() is None
+
+
+JUNK_LEARNERS = 1300  # junk admissions of ~1.7 KB: the learners' key on a node holds 2 MiB
+
+
+@pytest.mark.timeout(300)
+def test_a_learner_is_admitted_on_a_node_whose_learners_key_strangers_filled(tmp_path, procs, reader):
+    """The review's H3: first come, first kept, so ~1,300 strangers' junk admissions filled the learners' key on a
+    node and no learner admitted later could store its admission there. A node that knows the run's coordinator
+    (``Swarm.set_standing``, as every session and host tells theirs) keeps a record that verifies, evicting junk."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from peer.network.admission import issue_credential, publish_admission
+    from peer.network.quota import quota_stats
+    from peer.protocol import learners_key, owner_subkey
+
+    run = "sybillearners"
+    host_key = RSAPrivateKey()
+    node, _ = reader(run)  # the node under attack: it knows the coordinator's key, as a run's peers do
+    node.set_standing(host_key.get_public_key().to_bytes())
+    maddrs = [str(m) for m in node.dht.get_visible_maddrs()]
+    out = tmp_path / "flood.json"
+    peers = [a for m in maddrs for a in ("--initial-peers", m)]
+    flooder = procs.start_argv(
+        "flooder", [FLOOD, str(out), "--run-id", run, "--learners", "--identities", str(JUNK_LEARNERS), *peers]
+    )
+    wait_until(out.exists, f"the flood of {JUNK_LEARNERS} junk admissions", 240, [flooder])
+    flood = json.loads(out.read_text())
+    held = node.local_dict(learners_key(run))
+    refused = node.dht.run_coroutine(quota_stats)["refused"].get("learners", 0)
+    assert refused > 0 and len(held) < JUNK_LEARNERS, (flood["taken"], len(held), "the key is full")
+
+    learner, _ = reader(run, maddrs)
+    credential = issue_credential(host_key, run)
+    assert publish_admission(learner, credential)
+    kept = wait_until(
+        lambda: owner_subkey(learner.public_key) in node.local_dict(learners_key(run)),
+        "the learner's admission kept on the flooded node",
+        30,
+    )
+    assert kept
+    assert node.dht.run_coroutine(quota_stats)["evicted"] >= 1, "junk made room"

@@ -1,16 +1,17 @@
-"""Many signing identities flood one key: a version's bucket with the largest inline entries the schema allows, or
-the run's heartbeats with fake "coordinators".
+"""Many signing identities flood one key: a version's bucket with the largest inline entries the schema allows, the
+run's heartbeats with fake "coordinators", or the learners' admissions with junk.
 
-Usage: python tests/procs/identity_flood.py OUT.json --run-id ID (--version V | --heartbeats) --identities N
-       --initial-peers MADDR...
+Usage: python tests/procs/identity_flood.py OUT.json --run-id ID (--version V | --heartbeats | --learners)
+       --identities N --initial-peers MADDR...
 
 It joins the run's DHT (a plain hivemind node with the run's validators), makes ``N`` RSA keys (1024-bit: any size
 verifies, and they are quick to make), and for each one signs a schema-valid record under that key's own subkey:
-a bucket entry of version ``V`` (one group of ~40 KB, inline), or with ``--heartbeats`` a heartbeat claiming the
-role ``coordinator``, running and reachable, with a made-up libp2p peer id that nobody answers for. It sends each
-straight to every node it knows (the DHT's own store request, no lookup), as a swarm of ``N`` peers would, and
-writes ``{"sent", "taken", "identities", "seconds", "peer_ids"}`` to ``OUT.json`` (``taken``: stores some node
-accepted; ``peer_ids``: the fake ones, for heartbeats) and exits 0.
+a bucket entry of version ``V`` (one group of ~40 KB, inline); with ``--heartbeats`` a heartbeat claiming the role
+``coordinator``, running and reachable, with a made-up libp2p peer id that nobody answers for; with ``--learners``
+an admission record of the largest size, its certificate signed by nobody. It sends each straight to every node it
+knows (the DHT's own store request, no lookup), as a swarm of ``N`` peers would, and writes ``{"sent", "taken",
+"identities", "seconds", "peer_ids"}`` to ``OUT.json`` (``taken``: stores some node accepted; ``peer_ids``: the
+fake ones, for heartbeats and admissions) and exits 0.
 """
 
 import argparse
@@ -55,6 +56,14 @@ def heartbeat_value(peer_id: str) -> dict:
     )  # fmt: skip
 
 
+def learner_value(peer_id: str) -> dict:
+    """A junk admission record of the largest size the schema allows: a certificate nobody signed."""
+    from peer.protocol import LearnerRecord, to_dht_value
+
+    record = LearnerRecord(peer_id=peer_id, certificate=os.urandom(1024), binding=os.urandom(64), created=time.time())
+    return to_dht_value(record)
+
+
 def fake_peer_id() -> str:
     """A well-formed libp2p peer id (an identity multihash of an Ed25519 key) that no peer holds."""
     from hivemind.p2p import PeerID
@@ -62,7 +71,7 @@ def fake_peer_id() -> str:
     return PeerID(b"\x00\x24\x08\x01\x12\x20" + os.urandom(32)).to_base58()
 
 
-async def flood(run_id: str, version: int | None, n: int, producer: str, _dht, node) -> dict:
+async def flood(run_id: str, version: int | None, n: int, producer: str, what: str, _dht, node) -> dict:
     import asyncio
 
     from cryptography.hazmat.primitives.asymmetric import rsa
@@ -71,10 +80,11 @@ async def flood(run_id: str, version: int | None, n: int, producer: str, _dht, n
     from hivemind.utils import get_dht_time
     from hivemind.utils.crypto import RSAPrivateKey
 
-    from peer.protocol import bucket_key, group_subkey, owner_subkey, peers_key
+    from peer.protocol import bucket_key, group_subkey, learners_key, owner_subkey, peers_key
 
     heartbeats = version is None
-    key_id = DHTID.generate(source=peers_key(run_id) if heartbeats else bucket_key(run_id, version))
+    key = {"heartbeats": peers_key, "learners": learners_key}.get(what)
+    key_id = DHTID.generate(source=key(run_id) if key else bucket_key(run_id, version))
     peers = list(node.protocol.routing_table.uid_to_peer_id.values())
     serializer = node.protocol.serializer
     entry = None if heartbeats else serializer.dumps(entry_value(version, producer))  # the pipe here is small
@@ -86,10 +96,11 @@ async def flood(run_id: str, version: int | None, n: int, producer: str, _dht, n
         public = key.get_public_key().to_bytes()
         if heartbeats:
             fakes.append(fake_peer_id())
-            subkey, value_bytes = owner_subkey(public), serializer.dumps(heartbeat_value(fakes[-1]))
+            make = learner_value if what == "learners" else heartbeat_value
+            subkey, value_bytes = owner_subkey(public), serializer.dumps(make(fakes[-1]))
         else:
             subkey, value_bytes = group_subkey(public, version, 0), entry
-        expiration = get_dht_time() + (25 if heartbeats else 600)
+        expiration = get_dht_time() + {"heartbeats": 25, "learners": 250}.get(what, 600)
         record = DHTRecord(key_id.to_bytes(), serializer.dumps(subkey), value_bytes, expiration)
         signed = RSASignatureValidator(key).sign_value(record)
         answers = await asyncio.gather(
@@ -112,6 +123,7 @@ def main():
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--version", type=int)
     what.add_argument("--heartbeats", action="store_true")
+    what.add_argument("--learners", action="store_true")
     parser.add_argument("--identities", type=int, default=1000)
     parser.add_argument("--initial-peers", action="append", required=True)
     args = parser.parse_args()
@@ -132,7 +144,8 @@ def main():
     try:
         start = time.perf_counter()
         producer = dht.peer_id.to_base58()
-        result = dht.run_coroutine(partial(flood, args.run_id, args.version, args.identities, producer))
+        kind = "learners" if args.learners else "heartbeats" if args.heartbeats else "bucket"
+        result = dht.run_coroutine(partial(flood, args.run_id, args.version, args.identities, producer, kind))
         result.update(identities=args.identities, seconds=time.perf_counter() - start)
         Path(args.out).write_text(json.dumps(result))
     finally:
