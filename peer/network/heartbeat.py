@@ -12,6 +12,7 @@ expiration: hivemind keeps, per subkey, the entry that expires last, so a shorte
 from __future__ import annotations
 
 import platform
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -158,8 +159,6 @@ def blob_providers(swarm, trusted=(), limit: int = MAX_PROVIDERS_LISTED) -> list
     heartbeat claims, a thousand fake "coordinators" would push the real one out of the few providers a fetch asks
     (``MAX_PROVIDERS_TRIED``), and newcomers could never fetch the base model. So no heartbeat comes before a peer
     the run's own records name."""
-    import random
-
     from hivemind.p2p import PeerID
 
     me = str(swarm.peer_id)

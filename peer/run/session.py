@@ -13,6 +13,7 @@ mismatch is an error, never a warning, because every group or update made afterw
 from __future__ import annotations
 
 import gc
+import random
 import sys
 import time
 from dataclasses import dataclass, field, fields
@@ -103,8 +104,6 @@ class Session:
     def providers(self):
         """Peers to ask for blobs, in order: the coordinator the manifest names (it seeds the model), the admitted
         learners (they keep adapters), then other live peers (``blob_providers``: no heartbeat comes first)."""
-        import random
-
         from peer.network.heartbeat import blob_providers
 
         learners = sorted(self.admitted.peer_ids()) if self.admitted is not None else []

@@ -31,18 +31,17 @@ from
    is counted (``no_signal``; :meth:`Intake.no_signal_share` for status) and never takes one of an update's
    slots, which go to groups that teach something (DAPO's and INTELLECT-2's online filtering). Its rewards were
    recomputed by step 5; its log-probs are never checked, as they never reach a loss;
-7. a sample (``check_rate``, drawn from this learner's private randomness, so a producer cannot predict it) waits
-   for the caller to recompute its behaviour log-probs (:meth:`Intake.pending_checks` / :meth:`Intake.checked`);
-   the rest are admitted to the pool. A signer **on probation** — fewer than ``PROBATION`` of its groups passed a
-   check or went into an update — has *every* group with signal checked before it is pooled: keys are free, so a
-   sampled check alone let a forger with many keys have ~90 % of its groups used before each key's first check
-   (docs/reliability.md, "Sybils"); now a forged group of a fresh key is caught before any update sees it. Groups
-   of signers on probation are checked within a budget, renewed at every update (at most ``max(batch, PROBATION)``
-   of one signer,
-   ``PROBATION_BUDGET x batch`` of all such signers together); beyond it they are refused as ``busy`` (forgiven,
-   never banned): a flood of fresh keys costs the learner a bounded number of forward passes per update and delays
-   other newcomers' first groups, never a proven producer's. With ``check_rate`` 0 (log-
-   prob checks off) there is no probation either.
+7. a sample (``check_rate``, drawn from this learner's private randomness, so a producer cannot predict it) waits for
+   the caller to recompute its behaviour log-probs (:meth:`Intake.pending_checks` / :meth:`Intake.checked`); the rest
+   are admitted to the pool. A signer **on probation** — fewer than ``PROBATION`` of its groups passed a check or went
+   into an update — has *every* group with signal checked before it is pooled: keys are free, so a sampled check alone
+   let a forger with many keys have ~90 % of its groups used before each key's first check (docs/reliability.md,
+   "Sybils"); now a forged group of a fresh key is caught before any update sees it. Groups of signers on probation are
+   checked within a budget, renewed at every update (at most ``max(batch, PROBATION)`` of one signer,
+   ``PROBATION_BUDGET x batch`` of all such signers together); beyond it they are refused as ``busy`` (forgiven, never
+   banned): a flood of fresh keys costs the learner a bounded number of forward passes per update and delays other
+   newcomers' first groups, never a proven producer's. With ``check_rate`` 0 (log-prob checks off) there is no
+   probation either.
 
 A ban removes the signer's groups from the pool at once: nothing a liar sent after it was caught reaches an
 update, and nothing it sent at all when the lie is in its first groups (the usual case).
