@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
 from typing import Any
 
-from coordinator.metrics import prometheus
+from coordinator.metrics import charted, prometheus
 from peer.log import get_logger
 from peer.status import LIVE
 
@@ -107,8 +107,8 @@ def point_of(status: dict) -> dict:
         "peers": sum(status["roles"].values()),
         "rates": {
             p["peer_id"]: round(p["groups_per_s"], 4)
-            for p in status["peers"]
-            if p["role"] == "rollout" and p["groups_per_s"] is not None and p["state"] in LIVE
+            for p in charted([p for p in status["peers"] if p["state"] in LIVE])
+            if p["role"] == "rollout" and p["groups_per_s"] is not None
         },
     }
 

@@ -45,6 +45,7 @@ FORMAT = 1
 REFRESH = 5.0  # s between reads of the learners' records
 RECORD_TTL = 120.0  # s a learner's record lives unless re-stored (it is, with every heartbeat)
 MAX_REMEMBERED = 256  # signers whose refusal reason is kept for status
+LOGGED_PER_MINUTE = 10  # signers whose refusal is logged a minute (the rest are counted in one line)
 
 
 class CredentialError(UserError, ValueError):
@@ -323,6 +324,7 @@ class Admitted:
         self.shared: dict[str, int] = {}  # credential id -> signers its admissions bind it to, when more than one
         self.on_change = None  # called with the admitted signers (a frozenset) whenever they change
         self._told: frozenset[bytes] = frozenset()
+        self._logged_since, self._logged, self._unlogged = -float("inf"), 0, 0  # refusals logged this minute
 
     # --- reading -------------------------------------------------------------------------------------------------
 
@@ -405,10 +407,21 @@ class Admitted:
         return Admission(signer, record.peer_id, certificate.credential_id, certificate.name, certificate.expires)
 
     def refuse(self, signer: bytes, why: str) -> None:
-        """Remember (for status) that ``signer`` was ignored, and why; logged the first time."""
+        """Remember (for status) that ``signer`` was ignored, and why; logged the first time, at most
+        ``LOGGED_PER_MINUTE`` signers a minute (then one line counts the rest): thousands of strangers' records under
+        a key would otherwise log a warning each at every read."""
         fingerprint = key_fingerprint(signer)
         if fingerprint not in self.refused:
-            logger.warning("ignoring signer %s: %s", fingerprint, why)
+            now = time.monotonic()
+            if now - self._logged_since >= 60.0:
+                if self._unlogged:
+                    logger.warning("ignored %d more signers in the last minute (status lists them)", self._unlogged)
+                self._logged_since, self._logged, self._unlogged = now, 0, 0
+            if self._logged < LOGGED_PER_MINUTE:
+                self._logged += 1
+                logger.warning("ignoring signer %s: %s", fingerprint, why)
+            else:
+                self._unlogged += 1
         self.refused[fingerprint] = why
         self.refused.move_to_end(fingerprint)
         while len(self.refused) > MAX_REMEMBERED:

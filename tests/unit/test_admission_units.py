@@ -362,3 +362,25 @@ def test_status_refuses_a_learner_whose_credential_the_host_revoked(keys):
         f"learner record refused: its learner credential {credential.certificate.credential_id} was revoked by the "
         "host"
     ]
+
+
+def test_thousands_of_strangers_announcing_log_a_bounded_number_of_lines(keys, caplog):
+    """The review's M3: 3,000 strangers' announcements logged 3,000 warnings at every read."""
+    import logging
+
+    swarm = _Swarm(keys.host)
+    records = swarm.records.setdefault(adapter_key(RUN), {})
+    fakes = [b"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7/stranger%d==" % i for i in range(3000)]
+    template = AdapterRecord(
+        version=7, sha256=SHA[7], parent_sha256=SHA[6], ancestors=[SHA[6]], size=100, providers=["QmX"],
+        created=time.time(), learner="QmX",
+    )  # fmt: skip
+    for fake in fakes:
+        records[owner_subkey(fake)] = to_dht_value(template)
+    admitted = Admitted(swarm, _pub(keys.host), refresh=0.0)
+    with caplog.at_level(logging.WARNING, logger="hivegrpo.network.admission"):
+        for _ in range(3):
+            assert announcements(swarm, admitted) == []
+    lines = [r for r in caplog.records if r.name == "hivegrpo.network.admission"]
+    assert len(lines) <= admission.LOGGED_PER_MINUTE, len(lines)
+    assert len(admitted.refused) == admission.MAX_REMEMBERED, "status still names the newest refused"

@@ -104,3 +104,26 @@ def test_the_pages_escaping_turns_markup_into_text():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout == "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;"
+
+
+def test_thousands_of_fake_heartbeats_make_a_bounded_status_point_and_scrape():
+    """The review's M2: every rollout heartbeat got a rate in every status point (4,320 kept) and a series in every
+    scrape: 3,500 fake ones made 0.5 MiB a point and ~14,000 series."""
+    from coordinator.metrics import MAX_PEER_SERIES, prometheus
+    from coordinator.web import point_of
+
+    def peer(i: int, role: str = "rollout", rate: float = 1.0) -> dict:
+        return {"peer_id": f"12D3KooFake{i}", "role": role, "state": "running", "groups_per_s": rate,
+                "adapter_version": 3, "served_bytes": 0, "fetched_bytes": 0}  # fmt: skip
+
+    honest = [peer(-1, rate=50.0), peer(-2, "learner", 0.0), peer(-3, "coordinator", 0.0)]
+    fakes = [peer(i, rate=i / 1000) for i in range(3500)]
+    status = {"time": 1.0, "adapter_version": 3, "reward_mean": 0.5, "staleness_mean": 1.0, "groups_accepted": 10,
+              "groups_rejected": 0, "roles": {"rollout": 3501}, "peers": fakes + honest, "run_id": "r",
+              "groups_rejected_by_reason": {}, "groups_dropped_stale": 0, "banned": []}  # fmt: skip
+    rates = point_of(status)["rates"]
+    assert len(rates) == MAX_PEER_SERIES and "12D3KooFake-1" in rates, "the busiest, the honest one among them"
+    text = prometheus(status)
+    series = [line for line in text.splitlines() if line.startswith("hivegrpo_peer_groups_per_second{")]
+    assert len(series) == MAX_PEER_SERIES + 2, len(series)
+    assert any('peer="12D3KooFake-2"' in line for line in series), "learners are always labelled"
