@@ -133,15 +133,7 @@ def _from_swarm(config: ExportConfig) -> Source:
             except (ValueError, TypeError) as e:
                 raise UserError(f"the run's manifest has a LoRA shape this hivegrpo cannot read ({e})") from None
             admitted = Admitted(swarm, coordinator_key, manifest.adapter0_sha256)
-            records = announcements(swarm, admitted)
-            # an admitted announcement of another size is ignored (at most EXPORT_ADAPTER_LIMIT when the size is not
-            # known): a stolen credential cannot make an export fetch and read gigabytes
-            admitted.adapter_size = _adapter_size(records, coordinator_key)
-            records = [
-                (s, r)
-                for s, r in records
-                if admitted.admits_announcement(s, r) is None and r.size <= EXPORT_ADAPTER_LIMIT
-            ]
+            records = sized_announcements(announcements(swarm, admitted), admitted, coordinator_key)
             version, sha, size, providers = _choose(records, config.version)
             # the coordinator seeds the model, admitted learners keep older adapters: no heartbeat comes before them
             providers_of = partial(blob_providers, swarm, [manifest.coordinator, *sorted(admitted.peer_ids())])
@@ -163,11 +155,15 @@ def _from_swarm(config: ExportConfig) -> Source:
     return Source(blob, lora, base_model_name(base), quantization, version, folder)
 
 
-def _adapter_size(records, coordinator_key: bytes) -> int:
-    """Bytes every adapter of the run has: those of the coordinator's v0 announcement (the LoRA shape fixes them);
-    0 when the coordinator's record is gone."""
+def sized_announcements(records, admitted, coordinator_key: bytes) -> list:
+    """``records`` (admitted announcements) whose size is the run's: the coordinator's v0 announcement says it (the
+    LoRA shape fixes every version's); without it, at most ``EXPORT_ADAPTER_LIMIT``. A stolen credential then cannot
+    make an export fetch and read gigabytes."""
     v0 = next((r for signer, r in records if signer == coordinator_key and r.version == 0), None)
-    return 0 if v0 is None else v0.size
+    admitted.adapter_size = 0 if v0 is None else v0.size
+    return [
+        (s, r) for s, r in records if admitted.admits_announcement(s, r) is None and r.size <= EXPORT_ADAPTER_LIMIT
+    ]
 
 
 def _choose(records, version: int | None) -> tuple[int, str, int, tuple[str, ...]]:

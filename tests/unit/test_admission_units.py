@@ -46,13 +46,13 @@ def _admit(swarm, credential, signer_key, peer_id):
     swarm.records.setdefault(learners_key(RUN), {})[owner_subkey(_pub(signer_key))] = to_dht_value(record)
 
 
-def _announce(swarm, signer_key, version, sha, learner, parent=""):
+def _announce(swarm, signer_key, version, sha, learner, parent="", size=100):
     record = AdapterRecord(
         version=version,
         sha256=sha,
         parent_sha256=parent if version else "",
         ancestors=[parent] if version else [],
-        size=100,
+        size=size,
         providers=[learner],
         created=time.time(),
         learner=learner,
@@ -384,3 +384,22 @@ def test_thousands_of_strangers_announcing_log_a_bounded_number_of_lines(keys, c
     lines = [r for r in caplog.records if r.name == "hivegrpo.network.admission"]
     assert len(lines) <= admission.LOGGED_PER_MINUTE, len(lines)
     assert len(admitted.refused) == admission.MAX_REMEMBERED, "status still names the newest refused"
+
+
+def test_export_takes_only_announcements_of_the_runs_adapter_size(keys):
+    """The review's low finding: export fetched and read whole an admitted announcement of up to 16 GiB."""
+    from peer.export import EXPORT_ADAPTER_LIMIT, sized_announcements
+
+    swarm = _Swarm(keys.host)
+    _admit(swarm, admission.issue_credential(keys.host, RUN), keys.learner, "QmLearner")
+    _announce(swarm, keys.learner, 5, SHA[5], "QmLearner", SHA[4], size=16 << 30)  # a stolen credential's
+    admitted = Admitted(swarm, _pub(keys.host), SHA[0], refresh=0.0)
+    assert [r.version for _, r in announcements(swarm, admitted)] == [5], "admitted: only its size is wrong"
+    assert sized_announcements(announcements(swarm, admitted), admitted, _pub(keys.host)) == [], "over the limit"
+    _announce(swarm, keys.host, 0, SHA[0], "QmHost", size=100)  # the coordinator's v0: the run's size
+    _announce(swarm, keys.learner, 5, SHA[5], "QmLearner", SHA[4], size=EXPORT_ADAPTER_LIMIT)
+    kept = sized_announcements(announcements(swarm, admitted), admitted, _pub(keys.host))
+    assert [r.version for _, r in kept] == [0], "v0's size is the run's: another size is ignored"
+    _announce(swarm, keys.learner, 5, SHA[5], "QmLearner", SHA[4], size=100)
+    kept = sized_announcements(announcements(swarm, admitted), admitted, _pub(keys.host))
+    assert sorted(r.version for _, r in kept) == [0, 5]
