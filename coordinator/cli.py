@@ -55,6 +55,14 @@ from peer.cli_options import (
     show_default=True,
     help="Learners drop groups more than this many adapter versions old.",
 )
+@click.option(
+    "--token-floor",
+    type=click.FloatRange(0.0, 0.1),
+    default=1e-3,
+    show_default=True,
+    help="Learners learn nothing from a completion token the policy gives less than this probability, and ban a "
+    "signer whose group holds far more such tokens than sampling gives (written text, not sampled); 0 turns both off.",
+)
 @cache_dir_option
 @click.option(
     "--info-file",
@@ -102,6 +110,7 @@ def host_cmd(
     temperature,
     groups_per_version,
     tau_max,
+    token_floor,
     cache_dir,
     info_file,
     private,
@@ -125,7 +134,7 @@ def host_cmd(
     use_threads(1)
     prompt = prompt_config(chat_template, system_prompt, stop)
     from coordinator.manifest import ManifestTooLarge, RunSettings, check_settings
-    from peer.grpo import SamplingConfig, StalenessConfig
+    from peer.grpo import LossConfig, SamplingConfig, StalenessConfig
 
     settings = RunSettings(
         run_id=run_id,
@@ -138,6 +147,7 @@ def host_cmd(
         prompt=prompt,
         groups_per_version=groups_per_version,
         staleness=StalenessConfig(tau_max=tau_max),
+        loss=LossConfig(token_floor=token_floor),
         seed=seed,
         access="private" if private else "public",
     )

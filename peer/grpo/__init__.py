@@ -30,8 +30,10 @@ from peer.grpo.staleness import WEIGHTINGS, accept, staleness, staleness_weight,
 if TYPE_CHECKING:
     from peer.grpo.advantages import group_advantages, has_signal
     from peer.grpo.logprobs import (
+        completion_logits,
         completion_logprobs,
         completion_mask,
+        improbable_tokens,
         position_ids_from_mask,
         sequence_logprobs,
         token_logprobs,
@@ -41,8 +43,10 @@ if TYPE_CHECKING:
 _LAZY = {
     "advantages": ("group_advantages", "has_signal"),
     "logprobs": (
+        "completion_logits",
         "completion_logprobs",
         "completion_mask",
+        "improbable_tokens",
         "position_ids_from_mask",
         "sequence_logprobs",
         "token_logprobs",
@@ -78,10 +82,12 @@ __all__ = [
     "StalenessConfig",
     "accept",
     "clipped_policy_loss",
+    "completion_logits",
     "completion_logprobs",
     "completion_mask",
     "group_advantages",
     "has_signal",
+    "improbable_tokens",
     "position_ids_from_mask",
     "sequence_logprobs",
     "staleness",

@@ -176,6 +176,14 @@ class LossConfig(_DictConfig):
         default=0.0, metadata=_help("weight of the k3 KL estimate to the base policy per token; 0 disables it")
     )
     adv_eps: float = field(default=1e-6, metadata=_help("advantages are (r - mean) / (std + adv_eps), > 0"))
+    token_floor: float = field(
+        default=1e-3,
+        metadata=_help(
+            "a completion token the learning policy gives less than this probability is not learned from, and a "
+            "group holding far more such tokens than sampling gives is refused (written text, not sampled: "
+            "docs/reliability.md, Poisoning); in [0, 0.1], 0 disables both"
+        ),
+    )
 
     def __post_init__(self) -> None:
         self._float("clip_eps_low", "in [0, 1)", lambda v: 0 <= v < 1)
@@ -183,6 +191,7 @@ class LossConfig(_DictConfig):
         self._float("dual_clip", "0 or > 1 + clip_eps_high", lambda v: v == 0 or v > 1 + self.clip_eps_high)
         self._float("kl_beta", ">= 0", lambda v: v >= 0)
         self._float("adv_eps", "> 0", lambda v: v > 0)
+        self._float("token_floor", "in [0, 0.1]", lambda v: 0 <= v <= 0.1)
 
 
 WEIGHTING_NAMES = ("constant", "polynomial", "exponential", "hinge")

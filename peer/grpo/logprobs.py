@@ -161,8 +161,40 @@ def completion_logprobs(
     which turns the cache off) gets every row's own forward.
     Gradients flow into the model's parameters unless the caller runs this under ``torch.no_grad()``.
     """
-    logits = _logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep, share_prompts)
+    logits = completion_logits(
+        model, prompt_ids, prompt_mask, completion_ids, logits_to_keep=logits_to_keep, share_prompts=share_prompts
+    )
     return token_logprobs(logits, completion_ids, temperature)
+
+
+def completion_logits(
+    model: CausalLM,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    *,
+    logits_to_keep: bool | None = None,
+    share_prompts: bool = False,
+) -> torch.Tensor:
+    """The logits [B, C, V] that :func:`completion_logprobs` reads its log-probs from (the same options), for a
+    caller that needs more of each position's distribution than the sampled token's log-prob."""
+    return _logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep, share_prompts)
+
+
+def improbable_tokens(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, floor: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which ``tokens`` have a log-prob below ``floor`` under ``log_softmax(logits.float() / temperature)`` (bool
+    [...]), and how often honest sampling would give one at each position: the probability of all the tokens below
+    ``floor`` there (float32 [...]; its sum over many positions is the count honest sampled text would hold).
+
+    Text that was sampled holds about as many improbable tokens as that sum says; text that was written holds
+    what its writer put there. Computed without gradients (it is evidence, not a loss)."""
+    with torch.no_grad():
+        logp = torch.log_softmax(logits.detach().float() / temperature, dim=-1)
+        picked = logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+        expected = torch.where(logp < floor, logp.exp(), torch.zeros_like(logp)).sum(-1)
+    return picked < floor, expected
 
 
 def _logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep, share_prompts) -> torch.Tensor:

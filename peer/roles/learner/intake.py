@@ -82,7 +82,7 @@ from dataclasses import dataclass
 
 from peer.network.buckets import Fetched
 from peer.protocol import GroupRecord, key_fingerprint
-from peer.roles.learner.verify import REWARD_TOLERANCE, Refused, check_group
+from peer.roles.learner.verify import REWARD_TOLERANCE, Refused, check_group, improbable_groups
 from peer.run.spec import RunSpec
 
 FORGIVEN = ("schema", "unavailable", "duplicate", "unknown_version", "lineage", "surplus", "busy")
@@ -301,6 +301,21 @@ class Intake:
     def _prove(self, owner: bytes, n: int = 1) -> None:
         if self.proven.get(owner, 0) < PROBATION:
             self.proven[owner] = min(PROBATION, self.proven.get(owner, 0) + n)
+
+    def refuse_written(self, taken: list[Accepted], evidence) -> list[tuple[Accepted, Refused]]:
+        """Refuse the groups of ``taken`` (one update's share, in order) whose completions hold far more tokens
+        below the run's ``token_floor`` than sampling gives (``evidence``: ``Share.evidence`` of their update's own
+        forward; None when the floor is off): written, not sampled. Their signers are banned, as a refusal at
+        reading would ban them; the update itself learned nothing from those tokens. Returns what was refused."""
+        if evidence is None:
+            return []
+        verdicts = improbable_groups(evidence, self.spec.sampling.group_size, self.spec.loss.token_floor)
+        refused = []
+        for a, verdict in zip(taken, verdicts, strict=True):
+            if verdict is not None and a.owner not in self.banned:
+                self._refuse(a.owner, verdict)
+                refused.append((a, verdict))
+        return refused
 
     def ban(self, owner: bytes, reason: str) -> None:
         """Ban ``owner`` for the run. Keys are free, so the list keeps the ``MAX_BANS`` most recent: a signer

@@ -600,9 +600,13 @@ class LearnerPeer:
         s = self.session
         if not part:
             return None
-        return self.micro.share_gradient(
+        share = self.micro.share_gradient(
             s.model, batch_tensors(part, s.version, s.spec, self.pad_id(), s.device), s.spec
         )
+        if share is not None:  # groups written, not sampled: their signers banned
+            for a, refused in self.intake.refuse_written(part, share.evidence):
+                logger.warning("banned %s for this run: %s", key_fingerprint(a.owner), refused)
+        return share
 
     def advance(
         self,

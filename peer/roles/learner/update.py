@@ -16,13 +16,22 @@ per-parameter step counts and moments; the hyper-parameters are never sent, each
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from peer.grpo import clipped_policy_loss, completion_logprobs, group_advantages, staleness_weight
+from peer.grpo import (
+    clipped_policy_loss,
+    completion_logits,
+    completion_logprobs,
+    group_advantages,
+    improbable_tokens,
+    staleness_weight,
+    token_logprobs,
+)
 from peer.model.adapter import lora_parameters
 from peer.roles.learner.verify import pack_rows
 
@@ -47,7 +56,11 @@ class Share:
 
     grads: list[torch.Tensor]
     tokens: int  # completion tokens of the rows with signal: the share's weight in :func:`combine`
-    stats: dict  # loss, clip_fraction, ratio_mean (token means), ratio_max, rows
+    stats: dict  # loss, clip_fraction, ratio_mean (token means), ratio_max, rows, improbable (tokens left out)
+    evidence: tuple[torch.Tensor, torch.Tensor] | None = None
+    """Per row of the batch (0 where a row has no signal): its completion tokens below the run's ``token_floor``
+    and how many honest sampling would give there (:func:`peer.grpo.logprobs.improbable_tokens`); None when the
+    floor is off. Kept by the learner that computed the share: it never crosses the network."""
 
 
 def batch_tensors(accepted: list, version: int, spec, pad_id: int, device) -> Batch:
@@ -145,7 +158,11 @@ def share_gradient(
         parts = [(batch.prompt_ids[rows], batch.prompt_mask[rows], batch.completion_ids[rows], rows)]
     else:
         parts = [(*_trimmed(batch, part)[:3], part) for part in micro_batches(batch, rows, micro_batch_tokens)]
-    total = max(1, int(batch.completion_mask[rows].sum()))
+    floor = spec.loss.token_floor
+    observed = expected = None
+    if floor > 0:
+        observed = torch.zeros(batch.advantages.shape[0], device=batch.advantages.device)
+        expected = torch.zeros_like(observed)
     found = []  # (tokens, stats) of each micro-batch
     for p in params:
         p.grad = None
@@ -153,9 +170,16 @@ def share_gradient(
     try:
         for prompt_ids, prompt_mask, completion_ids, part in parts:
             width = completion_ids.shape[1]
-            logprobs = completion_logprobs(
-                model, prompt_ids, prompt_mask, completion_ids, T, share_prompts=share_prompts
-            )
+            mask = batch.completion_mask[part, :width]
+            logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, share_prompts=share_prompts)
+            logprobs = token_logprobs(logits, completion_ids, T)
+            if floor > 0:  # tokens the policy would hardly write teach nothing, and count as evidence of writing
+                rare, mass = improbable_tokens(logits, completion_ids, T, math.log(floor))
+                rare &= mask
+                observed[part] = rare.sum(1).to(observed.dtype)
+                expected[part] = torch.where(mask, mass, torch.zeros_like(mass)).sum(1)
+                mask = mask & ~rare
+            del logits
             ref = None
             if spec.loss.kl_beta > 0:
                 with torch.no_grad(), model.disable_adapter():
@@ -166,19 +190,22 @@ def share_gradient(
                 logprobs,
                 batch.behaviour[part, :width],
                 batch.advantages[part],
-                batch.completion_mask[part, :width],
+                mask,
                 batch.weights[part],
                 spec.loss,
                 ref,
             )
-            if len(parts) > 1:
-                loss = loss * (stats.tokens / total)
+            if len(parts) > 1:  # a sum over the micro-batch's tokens; divided by all the parts' tokens below
+                loss = loss * stats.tokens
             loss.backward()
             found.append((stats.tokens, stats))
             del logprobs, ref, loss
     finally:
         model.eval()
+    total = max(1, sum(n for n, _ in found))  # the tokens learned from (the improbable ones left out)
     grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+    if len(parts) > 1:
+        grads = [g / total for g in grads]
     for p in params:
         p.grad = None
     if len(found) == 1:
@@ -192,7 +219,9 @@ def share_gradient(
         if not any(n for n, _ in found):
             summary["ratio_mean"] = 1.0
     summary["ratio_max"] = max(st.ratio_max for _, st in found)
-    return Share(grads, signal_tokens(batch), {**summary, "rows": int(rows.numel())})
+    summary["improbable"] = int(observed.sum()) if observed is not None else 0
+    evidence = (observed, expected) if observed is not None else None
+    return Share(grads, signal_tokens(batch), {**summary, "rows": int(rows.numel())}, evidence)
 
 
 class MicroBatcher:
@@ -257,6 +286,7 @@ def combine(shares: list[Share]) -> Share | None:
     }
     stats["ratio_max"] = max(float(s.stats["ratio_max"]) for s in shares)
     stats["rows"] = sum(int(s.stats["rows"]) for s in shares)
+    stats["improbable"] = sum(int(s.stats.get("improbable", 0)) for s in shares)
     return Share(grads, total, stats)
 
 

@@ -51,8 +51,15 @@ REASONS = (
     "unknown_version",
     "surplus",
     "busy",
+    # found in the update's own forward (peer.roles.learner.update.share_gradient)
+    "improbable",
 )
 REWARD_TOLERANCE = 1e-6
+IMPROBABLE_LEAST = 2
+"""A group is refused as ``improbable`` only with at least this many tokens below the run's ``token_floor``..."""
+IMPROBABLE_ALPHA = 1e-6
+"""... and only when honest sampling would hold that many less often than this (a Poisson tail with the mean the
+policy's own distributions give): ~0.002 false refusals in 2,000 honest groups where the mean is right."""
 Z_VARIANCE_FLOOR = 1.0
 """Added to Σ Var under the sampling test's square root (nats²): a group of near-certain tokens has Σ Var ≈ 0, and
 one honest sample of a rare token would otherwise make its z huge."""
@@ -339,3 +346,46 @@ def check_logprobs_many(
     if check is None:
         check = LogprobCheck() if tolerance is None else LogprobCheck.with_tolerance(tolerance)
     return [judge_logprobs(s, check) for s in logprob_stats(model, groups, spec, check.drift)]
+
+
+def poisson_tail(k: int, mean: float) -> float:
+    """``P(X >= k)`` for ``X ~ Poisson(mean)``."""
+    if k <= 0:
+        return 1.0
+    if mean <= 0:
+        return 0.0
+    if k <= mean:  # the bulk: one minus the few terms below k
+        term, below = math.exp(-mean), 0.0
+        for i in range(k):
+            below += term
+            term *= mean / (i + 1)
+        return max(0.0, 1.0 - below)
+    term = math.exp(k * math.log(mean) - mean - math.lgamma(k + 1))  # the tail: its terms only fall from here
+    total, i = 0.0, k
+    while term > 1e-18 * total and i < k + 1000:
+        total += term
+        i += 1
+        term *= mean / i
+    return min(1.0, total)
+
+
+def judge_improbable(observed: int, expected: float, floor: float) -> Refused | None:
+    """Refused when a group's completions hold ``observed`` tokens the policy gives less than ``floor``, far more
+    than the ``expected`` count honest sampling from it gives (:data:`IMPROBABLE_LEAST`, :data:`IMPROBABLE_ALPHA`):
+    text written around the right answer, not sampled."""
+    if observed < IMPROBABLE_LEAST or poisson_tail(observed, expected) >= IMPROBABLE_ALPHA:
+        return None
+    return Refused(
+        "improbable",
+        f"{observed} of its completion tokens have probability under {floor:g} for the policy, where sampled "
+        f"text would hold {expected:.2g}: written, not sampled",
+    )
+
+
+def improbable_groups(evidence, group_size: int, floor: float) -> list[Refused | None]:
+    """:func:`judge_improbable` of each group of a batch from its rows' ``evidence`` (``Share.evidence``: per row,
+    the tokens below ``floor`` and their expected count), the batch's groups in order."""
+    observed, expected = evidence
+    observed = observed.view(-1, group_size).sum(1).tolist()
+    expected = expected.view(-1, group_size).sum(1).tolist()
+    return [judge_improbable(int(o), e, floor) for o, e in zip(observed, expected, strict=True)]

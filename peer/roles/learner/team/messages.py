@@ -86,6 +86,7 @@ class ShareStats(_Message):
     ratio_mean: Finite
     ratio_max: Finite
     rows: Count
+    improbable: Count = 0  # tokens below the run's token_floor, left out of the loss
 
 
 class Result(_Message):
