@@ -181,6 +181,11 @@ def completion_logits(
     return _logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep, share_prompts)
 
 
+IMPROBABLE_CHUNK = 1 << 24
+"""Vocabulary entries :func:`improbable_tokens` holds at once (64 MiB of float32): a 49,152-token vocabulary goes
+341 positions at a time, so its memory beside the update's stays small however large the micro-batch."""
+
+
 def improbable_tokens(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float, floor: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,11 +195,24 @@ def improbable_tokens(
 
     Text that was sampled holds about as many improbable tokens as that sum says; text that was written holds
     what its writer put there. Computed without gradients (it is evidence, not a loss)."""
+    if logits.dim() < 1 or logits.shape[:-1] != tokens.shape:
+        raise ValueError(
+            f"logits [..., V] and tokens [...] must agree on leading dims, got {tuple(logits.shape)} and "
+            f"{tuple(tokens.shape)}."
+        )
+    vocab = logits.shape[-1]
+    flat, ids = logits.detach().reshape(-1, vocab), tokens.reshape(-1).long()
+    rare = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+    expected = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+    step = max(1, IMPROBABLE_CHUNK // vocab)  # positions at a time: one [step, V] float32 at most beside the logits
     with torch.no_grad():
-        logp = torch.log_softmax(logits.detach().float() / temperature, dim=-1)
-        picked = logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
-        expected = torch.where(logp < floor, logp.exp(), torch.zeros_like(logp)).sum(-1)
-    return picked < floor, expected
+        for i in range(0, flat.shape[0], step):
+            logp = torch.log_softmax(flat[i : i + step].float() / temperature, dim=-1)
+            rare[i : i + step] = logp.gather(-1, ids[i : i + step].unsqueeze(-1)).squeeze(-1) < floor
+            likely = logp >= floor
+            expected[i : i + step] = logp.exp_().masked_fill_(likely, 0.0).sum(-1)
+            del logp, likely
+    return rare.view(tokens.shape), expected.view(tokens.shape)
 
 
 def _logits(model, prompt_ids, prompt_mask, completion_ids, logits_to_keep, share_prompts) -> torch.Tensor:

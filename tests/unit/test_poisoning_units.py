@@ -159,3 +159,19 @@ def test_honest_groups_sampled_in_either_precision_are_never_refused(run, dtype)
     assert intake.refuse_written(taken, share.evidence) == [], "no honest group refused"
     observed, expected = share.evidence
     assert float(observed.sum()) <= 3 * float(expected.sum()) + 3, "improbable tokens as many as sampling gives"
+
+
+@pytest.mark.parametrize("chunk", [1, 120, 1 << 24])
+def test_improbable_tokens_are_the_same_whatever_the_chunk(monkeypatch, chunk):
+    from peer.grpo import improbable_tokens
+    from peer.grpo import logprobs as lp
+
+    torch.manual_seed(0)
+    logits, tokens = torch.randn(3, 5, 50) * 4, torch.randint(0, 50, (3, 5))
+    logp = torch.log_softmax(logits / 0.7, dim=-1)
+    floor = math.log(1e-3)
+    monkeypatch.setattr(lp, "IMPROBABLE_CHUNK", chunk)
+    rare, expected = improbable_tokens(logits, tokens, 0.7, floor)
+    assert torch.equal(rare, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) < floor)
+    assert torch.allclose(expected, torch.where(logp < floor, logp.exp(), 0.0).sum(-1), atol=1e-7)
+    assert rare.any() and (expected > 0).all(), "a case with improbable tokens"
