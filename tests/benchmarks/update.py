@@ -9,7 +9,10 @@ spread (so every row carries signal, as in a learner's update), and alternates r
 * **every row's forward**: each completion row runs its prompt and completion (``share_prompts=False``: the update
   as it was);
 * **a group's prompt once**: each group's prompt runs once and its KV cache is copied to the group's rows
-  (``share_prompts=True``, what a learner runs).
+  (``share_prompts=True``, what a learner runs);
+* **prompt once, floor off**: the same with the run's ``token_floor`` at 0 (no improbable tokens measured or left
+  out: the update before the poisoning defence, docs/reliability.md), so the defence's cost is the difference
+  between the last two.
 
 Reported per kind: the median seconds of an update over its rounds and the positions it computes (rows x tokens
 through the model), and the largest difference between the two gradients (relative to the largest gradient
@@ -35,7 +38,7 @@ from tests.benchmarks.decode import add_model_options, load_model
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-KINDS = ("every row's forward", "a group's prompt once")
+KINDS = ("every row's forward", "a group's prompt once", "prompt once, floor off")
 
 
 def main(argv=None) -> dict:
@@ -84,16 +87,19 @@ def main(argv=None) -> dict:
         rewards,
     )
     spec = argparse.Namespace(sampling=SamplingConfig(group_size=args.group_size), loss=LossConfig())
+    unfloored = argparse.Namespace(sampling=spec.sampling, loss=LossConfig(token_floor=0.0))
     P, C = sampled.prompt_ids.shape[1], sampled.completion_ids.shape[1]
     rows = sampled.prompt_ids.shape[0]
-    positions = {KINDS[0]: rows * (P + C), KINDS[1]: args.prompts * P + rows * max(0, C - 1)}
+    once = args.prompts * P + rows * max(0, C - 1)
+    positions = {KINDS[0]: rows * (P + C), KINDS[1]: once, KINDS[2]: once}
 
     def run(kind: str):
-        return share_gradient(model, batch, spec, share_prompts=kind == KINDS[1])
+        return share_gradient(model, batch, unfloored if kind == KINDS[2] else spec, share_prompts=kind != KINDS[0])
 
-    grads = {kind: run(kind).grads for kind in KINDS}  # warm-up, and the two gradients compared
-    largest = max(float(g.abs().max()) for g in grads[KINDS[0]])
-    difference = max(float((a - b).abs().max()) for a, b in zip(*grads.values(), strict=True)) / max(largest, 1e-30)
+    shares = {kind: run(kind) for kind in KINDS}  # warm-up, and the first two gradients compared
+    grads = [shares[k].grads for k in KINDS[:2]]
+    largest = max(float(g.abs().max()) for g in grads[0])
+    difference = max(float((a - b).abs().max()) for a, b in zip(*grads, strict=True)) / max(largest, 1e-30)
     seconds: dict[str, list[float]] = {k: [] for k in KINDS}
     for _ in range(args.rounds):
         for kind in KINDS:
@@ -113,6 +119,7 @@ def main(argv=None) -> dict:
         "completion_tokens": C,
         "rounds": args.rounds,
         "gradient_difference": difference,
+        "improbable_tokens": shares[KINDS[1]].stats["improbable"],
         "kinds": {
             k: {
                 "seconds": round(statistics.median(seconds[k]), 4),
@@ -131,7 +138,8 @@ def main(argv=None) -> dict:
     for k in KINDS:
         v = result["kinds"][k]
         print(f"{k:<24}{v['seconds']:>10.4f}{first / v['seconds']:>10.2f}{v['positions']:>11}")
-    print(f"largest gradient difference: {difference:.2e} of the largest entry")
+    print(f"largest gradient difference of the first two: {difference:.2e} of the largest entry")
+    print(f"tokens under the floor, left out of the loss: {result['improbable_tokens']}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return result
