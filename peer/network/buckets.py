@@ -112,9 +112,11 @@ class BucketStore(abc.ABC):
         *,
         wait: float = 0.0,
         network_from: int | None = None,
+        newcomers: Container[bytes] = (),
     ) -> list[Fetched]:
         """Entries of versions ``min_version..max_version`` (inclusive) whose id is not in ``seen``, and not signed
-        by a key in ``skip`` (banned or muted signers: their entries are neither parsed nor fetched). Versions below
+        by a key in ``skip`` (banned or muted signers: their entries are neither parsed nor fetched); the blobs of
+        ``newcomers`` (signers with little verified history) share at most half the fetch workers. Versions below
         ``network_from`` are read from what was pushed to this reader alone (a store without such a copy: not
         read). ``wait``: a store that :attr:`waits` answers once something new arrived there, or after that long."""
 
@@ -153,6 +155,7 @@ class MemoryBucketStore(BucketStore):
         *,
         wait: float = 0.0,
         network_from: int | None = None,
+        newcomers: Container[bytes] = (),
     ) -> list[Fetched]:
         now, versions, out = self._clock(), _versions(min_version, max_version), []
         if network_from is not None:  # the entries stand for the network's: nothing was pushed to this reader
@@ -278,6 +281,7 @@ class DHTBucketStore(BucketStore):
         *,
         wait: float = 0.0,
         network_from: int | None = None,
+        newcomers: Container[bytes] = (),
     ) -> list[Fetched]:
         out = []
         for version, entries in self._entries_of(_versions(min_version, max_version), wait, network_from).items():
@@ -295,7 +299,7 @@ class DHTBucketStore(BucketStore):
                     self._read_out.setdefault(version, set()).add(subkey_tag(subkey))  # not sent again
                     continue
                 if self.fetch_workers and _is_pointer(item.value):
-                    self._submit(owner, v, seq, item.value)
+                    self._submit(owner, v, seq, item.value, newcomers)
                     continue
                 out.extend(f for f in self._read(owner, v, seq, item.value) if f.id not in seen)
         if self.fetch_workers:  # after the read: what arrived while it waited comes with it
@@ -305,15 +309,19 @@ class DHTBucketStore(BucketStore):
     MAX_INFLIGHT_PER_WORKER = 4
     MAX_INFLIGHT_PER_OWNER = 4  # one signer's blobs in flight at most: a stranger's unanswered ones hold a quarter
 
-    def _submit(self, owner: bytes, version: int, seq: int, value) -> None:
+    def _submit(self, owner: bytes, version: int, seq: int, value, newcomers: Container[bytes] = ()) -> None:
         """Fetch a pointer entry's blob on a worker (once; at most ``MAX_INFLIGHT_PER_WORKER`` per worker queued,
-        and ``MAX_INFLIGHT_PER_OWNER`` of one signer's: beyond, the entry is left for a later read)."""
+        ``MAX_INFLIGHT_PER_OWNER`` of one signer's, and half the workers' worth of all ``newcomers``' together —
+        signers with little verified history, whatever their number of keys: so proven producers' blobs always have
+        workers free; beyond, the entry is left for a later read)."""
         from concurrent.futures import ThreadPoolExecutor
 
         key = (owner, version, seq)
         if key in self._inflight or len(self._inflight) >= self.MAX_INFLIGHT_PER_WORKER * self.fetch_workers:
             return
         if sum(o == owner for o, _, _ in self._inflight) >= self.MAX_INFLIGHT_PER_OWNER:
+            return
+        if owner in newcomers and sum(o in newcomers for o, _, _ in self._inflight) >= max(1, self.fetch_workers // 2):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.fetch_workers, thread_name_prefix="group-blob")

@@ -62,6 +62,7 @@ def test_updates_take_a_signer_out_of_probation_and_a_restart_remembers_it(run):
     again.restore(intake.state())
     assert not again.on_probation(A), "its groups in updates prove it after a restart"
     assert again.on_probation(B), "one never seen is new"
+    assert B in again.newcomers and A not in again.newcomers, "the reader's view: whose blobs share half the workers"
 
 
 def test_with_checks_off_there_is_no_probation(run):

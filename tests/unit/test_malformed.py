@@ -452,6 +452,37 @@ def test_one_signers_blobs_hold_at_most_a_quarter_of_the_fetch_workers():
     ], "each fetched blob that failed is refused as unavailable; the two left over wait for a later read"
 
 
+def test_newcomers_blobs_together_hold_at_most_half_the_fetch_workers_however_many_keys():
+    """M4 of the 12-07 review: four pointer entries of one key (or one each of four keys) held every worker. Now
+    signers on probation share half of them: 100 fresh keys' entries put 2 of 4 workers' blobs in flight, and a
+    proven producer's entry still goes at once."""
+    import threading
+
+    entries, _ = pointer_entries(range(10, 12))
+    release = threading.Event()
+
+    def slow(sha256, size, providers, timeout):
+        release.wait(10)
+        raise UserError("no provider answered")
+
+    swarm = SimpleNamespace(run_id=RUN)
+    blobs = SimpleNamespace(fetch=slow, cache=SimpleNamespace(remove=lambda sha: None))
+    reader = DHTBucketStore(swarm, blobs, fetch_workers=4)
+    sybils = [b"sybil-%d" % i for i in range(100)]
+    try:
+        (version, seq, value), (version2, seq2, value2) = entries
+        for key in sybils:
+            reader._submit(key, version, seq, value, newcomers=set(sybils))
+        assert len(reader._inflight) == 2, "the newcomers' share: half of the 4 workers"
+        reader._submit(PUB_B, version2, seq2, value2, newcomers=set(sybils))
+        assert len(reader._inflight) == 3 and (PUB_B, version2, seq2) in reader._inflight, "a proven signer's goes"
+        reader._submit(b"another", version, seq, value)
+        assert len(reader._inflight) == 4, "with no newcomers named (a rollout peer's reads), no such share"
+    finally:
+        release.set()
+        reader.close()
+
+
 @pytest.mark.parametrize("case", ["inline groups over the inline limit", "heartbeat over the DHT limit"])
 def test_oversize_raw_value_under_a_run_key_is_refused_by_the_validator(case):
     if case == "heartbeat over the DHT limit":

@@ -7,6 +7,7 @@ float32 and bfloat16."""
 import copy
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -175,3 +176,68 @@ def test_improbable_tokens_are_the_same_whatever_the_chunk(monkeypatch, chunk):
     assert torch.equal(rare, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) < floor)
     assert torch.allclose(expected, torch.where(logp < floor, logp.exp(), 0.0).sum(-1), atol=1e-7)
     assert rare.any() and (expected > 0).all(), "a case with improbable tokens"
+
+
+def _evidence(per_group: list[tuple[int, float]], G: int = 8):
+    """``Share.evidence`` of groups whose first row holds ``observed`` and every row ``expected / G``."""
+    observed = torch.zeros(len(per_group) * G)
+    expected = torch.zeros(len(per_group) * G)
+    for i, (o, e) in enumerate(per_group):
+        observed[i * G] = o
+        expected[i * G : (i + 1) * G] = e / G
+    return observed, expected
+
+
+def test_one_written_token_per_group_adds_up_to_a_ban_and_sampled_ones_never_do(run):
+    intake = new_intake(run)
+    G = run.spec.sampling.group_size
+    writer, honest, biased = b"writer", b"honest", b"biased"
+    generator = torch.Generator().manual_seed(2)
+    banned_after = None
+    for update in range(1000):  # 3 groups of each signer per update, 3,000 groups each
+        taken, per_group = [], []
+        for owner in (writer, honest, biased):
+            for _ in range(3):
+                mean = 0.04 * (1.1 if owner == biased else 1.0)  # biased: 10 % more than predicted, as drift gives
+                sampled = int(torch.poisson(torch.tensor(mean), generator=generator))
+                taken.append(SimpleNamespace(owner=owner, group=None))
+                per_group.append((1 if owner == writer else sampled, 0.04))
+        refused = intake.refuse_written(taken, _evidence(per_group, G))
+        if refused and banned_after is None:
+            banned_after = update
+            assert {a.owner for a, _ in refused} == {writer}
+            assert all(r.reason == "improbable" and "its groups in updates" in r for _, r in refused)
+    assert writer in intake.banned and banned_after is not None and banned_after <= 3, banned_after
+    assert honest not in intake.banned and biased not in intake.banned, "3,000 sampled groups each, never refused"
+    assert honest in intake.written and writer not in intake.written, "the sums kept only for signers not banned"
+
+
+def test_tokens_the_policy_turned_against_since_sampling_are_left_out_and_not_held_against_the_sampler(run):
+    """The demo banned an honest peer: two versions had moved one token its groups shared from log p -0.16 (its claim)
+    to -7.45. Such a token is left out of the loss, and counts as evidence only where the claim was improbable too."""
+    from peer.grpo import improbable_tokens
+    from peer.roles.learner.verify import group_evidence
+
+    taken = [Accepted(A, g) for g in run.groups[A]]
+    batch = batch_tensors(taken, 0, run.spec, run.tokenizer.pad_token_id, "cpu")
+    against = dataclasses.replace(batch, advantages=-torch.ones_like(batch.advantages))  # every sampled token down
+    plain = _with_floor(run.spec, 0.0)
+    moved = copy.deepcopy(run.model)
+    optimizer = torch.optim.AdamW(lora_parameters(moved), lr=1e-2)
+    for _ in range(5):  # a policy that turned against what these groups sampled
+        apply_gradient(moved, optimizer, share_gradient(moved, against, plain).grads, 1.0)
+    share = share_gradient(moved, batch, run.spec)
+    assert share.stats["improbable"] >= 10, "tokens the moved policy gives under the floor, left out"
+    from peer.grpo import completion_logits
+
+    with torch.no_grad():
+        logits = completion_logits(moved, batch.prompt_ids, batch.prompt_mask, batch.completion_ids)
+    rare, mass = improbable_tokens(logits, batch.completion_ids, 1.0, math.log(run.spec.loss.token_floor))
+    rare &= batch.completion_mask
+    by_policy_alone = [
+        judge_improbable(o, e, run.spec.loss.token_floor)
+        for o, e in group_evidence((rare.sum(1).float(), (mass * batch.completion_mask).sum(1)), 8)
+    ]
+    assert any(by_policy_alone), "counted on the moved policy alone, honest groups would be refused"
+    assert new_intake(run).refuse_written(taken, share.evidence) == [], "with the sampler's claims: none is"
+    assert [o for o, _ in group_evidence(share.evidence, 8)] == [0] * len(taken)

@@ -82,7 +82,14 @@ from dataclasses import dataclass
 
 from peer.network.buckets import Fetched
 from peer.protocol import GroupRecord, key_fingerprint
-from peer.roles.learner.verify import REWARD_TOLERANCE, Refused, check_group, improbable_groups
+from peer.roles.learner.verify import (
+    REWARD_TOLERANCE,
+    Refused,
+    check_group,
+    group_evidence,
+    judge_improbable,
+    judge_signer,
+)
 from peer.run.spec import RunSpec
 
 FORGIVEN = ("schema", "unavailable", "duplicate", "unknown_version", "lineage", "surplus", "busy")
@@ -95,6 +102,7 @@ MUTE_FIRST = 10.0  # s a signer whose blob could not be fetched is muted, the fi
 MUTE_MOST = 600.0  # s: each mute again with no verified group between lasts twice the last, up to this
 PROBATION = 8  # groups of a signer that must pass a check (or go into an update) before checks are only sampled
 MAX_BANS = 4096  # banned signers remembered (the most recent): a forgotten one is on probation again, caught anew
+MAX_WRITTEN = 4096  # signers whose improbable tokens in updates are summed (the most recently used)
 PROBATION_BUDGET = 2  # x batch: groups of all signers on probation checked per update (or per ``recent`` s), at most
 FORGET_MARGIN = 2  # versions beyond the window whose seqs are still remembered one by one
 FORGET_EVERY = 8  # versions between two passes that forget old seqs
@@ -149,6 +157,8 @@ class Intake:
         self.barrier = barrier
         self.known: dict[int, str] = {}  # adapter version -> sha256 of this learner's lineage
         self.banned: OrderedDict[bytes, str] = OrderedDict()  # signer -> why (the MAX_BANS most recent)
+        self.written: OrderedDict[bytes, tuple[int, float]] = OrderedDict()  # signer -> its groups' improbable
+        # tokens in updates and the count sampling would give (the MAX_WRITTEN most recently used signers)
         self.bans_made = 0  # bans ever made here (or restored): ``banned`` keeps their order, forgetting the oldest
         self.seqs: dict[bytes, dict[int, int]] = defaultdict(dict)  # signer -> seq -> version (recent versions)
         self.floor: dict[bytes, int] = {}  # signer -> the highest seq forgotten (its version left the window)
@@ -168,6 +178,7 @@ class Intake:
         self.strikes: Counter = Counter()  # signer -> STRIKES refusals since its last verified group
         self.muted: dict[bytes, tuple[float, float]] = {}  # signer -> (clock() its mute ends, how long it lasted)
         self.skipped = Skipped(self)  # signers whose entries are not read now: banned or muted (a live view)
+        self.newcomers = Newcomers(self)  # signers on probation (a live view)
         self._forgotten_at = 0  # the learner's version at the last forget()
         self.recent_signal: deque[bool] = deque(maxlen=RECENT_SIGNAL)  # of the latest verified groups: signal?
         self.arrival_lag: Counter = Counter()  # versions behind the learner's when read (tau_max + 1: more)
@@ -303,16 +314,28 @@ class Intake:
             self.proven[owner] = min(PROBATION, self.proven.get(owner, 0) + n)
 
     def refuse_written(self, taken: list[Accepted], evidence) -> list[tuple[Accepted, Refused]]:
-        """Refuse the groups of ``taken`` (one update's share, in order) whose completions hold far more tokens
-        below the run's ``token_floor`` than sampling gives (``evidence``: ``Share.evidence`` of their update's own
-        forward; None when the floor is off): written, not sampled. Their signers are banned, as a refusal at
-        reading would ban them; the update itself learned nothing from those tokens. Returns what was refused."""
+        """Refuse what of ``taken`` (one update's share, in order) was written, not sampled: a group whose
+        completions hold far more tokens below the run's ``token_floor`` than sampling gives, or whose signer's groups
+        in updates do, summed (``evidence``: ``Share.evidence`` of their update's own forward; None when the floor is
+        off). Their signers are banned, as a refusal at reading would ban them; the update itself learned nothing
+        from those tokens. Returns what was refused."""
         if evidence is None:
             return []
-        verdicts = improbable_groups(evidence, self.spec.sampling.group_size, self.spec.loss.token_floor)
-        refused = []
-        for a, verdict in zip(taken, verdicts, strict=True):
-            if verdict is not None and a.owner not in self.banned:
+        floor, refused = self.spec.loss.token_floor, []
+        for a, (observed, expected) in zip(
+            taken, group_evidence(evidence, self.spec.sampling.group_size), strict=True
+        ):
+            if a.owner in self.banned:
+                continue
+            verdict = judge_improbable(observed, expected, floor)
+            if verdict is None:
+                seen, predicted = self.written.pop(a.owner, (0, 0.0))
+                seen, predicted = seen + observed, predicted + expected
+                self.written[a.owner] = (seen, predicted)
+                while len(self.written) > MAX_WRITTEN:
+                    self.written.popitem(last=False)
+                verdict = judge_signer(seen, predicted, floor)
+            if verdict is not None:
                 self._refuse(a.owner, verdict)
                 refused.append((a, verdict))
         return refused
@@ -334,6 +357,7 @@ class Intake:
             self.last_arrival.pop(owner, None)
             self.tokens.pop(owner, None)
             self.proven.pop(owner, None)
+            self.written.pop(owner, None)
 
     # --- the next update -------------------------------------------------------------------------------------------
 
@@ -513,4 +537,15 @@ class Skipped:
         return owner in self.intake.banned or self.intake.is_muted(owner)
 
 
-__all__ = ["FORGIVEN", "Accepted", "Intake", "Skipped"]
+class Newcomers:
+    """The signers on probation (fewer than ``PROBATION`` groups checked or used): their group blobs share half a
+    learner's fetch workers, however many keys they are (a live view, safe to test from the reader's thread)."""
+
+    def __init__(self, intake: Intake):
+        self.intake = intake
+
+    def __contains__(self, owner: object) -> bool:
+        return isinstance(owner, bytes) and self.intake.on_probation(owner)
+
+
+__all__ = ["FORGIVEN", "Accepted", "Intake", "Newcomers", "Skipped"]

@@ -42,9 +42,10 @@ class Fetcher:
     MIN_GAP = 0.05  # s between two reads at least, however often entries arrive or the learner wakes the fetcher
     LAG_SECONDS = 4.0  # s over which the versions behind of the groups read set how deep the next reads go
 
-    def __init__(self, store, window: int, interval: float, skip=()):
+    def __init__(self, store, window: int, interval: float, skip=(), newcomers=()):
         self.store = store
         self.skip = skip  # signers whose entries are not even read (the intake's bans and mutes; a live view)
+        self.newcomers = newcomers  # signers with little verified history: their blobs share half the workers
         self.window = window
         self.interval = interval
         self.version = 0
@@ -100,10 +101,16 @@ class Fetcher:
         lo = max(0, self._last - self.window, hi - self.FULL_EVERY + 1)  # a jump (a resume) reads a few, not all
         try:
             fetched = self.store.fetch(
-                max(0, version - self.window), version, self._seen, self.skip, wait=wait, network_from=version - depth
+                max(0, version - self.window),
+                version,
+                self._seen,
+                self.skip,
+                wait=wait,
+                network_from=version - depth,
+                newcomers=self.newcomers,
             )
             if hi >= lo:
-                fetched += self.store.fetch(lo, hi, self._seen, self.skip)
+                fetched += self.store.fetch(lo, hi, self._seen, self.skip, newcomers=self.newcomers)
             self._last = version
         except Exception as e:  # the network boundary: say it, try again
             self.errors += 1

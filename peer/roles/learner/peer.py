@@ -325,7 +325,9 @@ class LearnerPeer:
 
     def start_fetcher(self) -> None:
         s = self.session
-        self.fetcher = Fetcher(self.store, s.spec.staleness.tau_max, self.config.poll_interval, self.intake.skipped)
+        self.fetcher = Fetcher(
+            self.store, s.spec.staleness.tau_max, self.config.poll_interval, self.intake.skipped, self.intake.newcomers
+        )
         self.fetcher.version = s.version
         self.fetcher.start()
 

@@ -58,9 +58,10 @@ class Share:
     tokens: int  # completion tokens of the rows with signal: the share's weight in :func:`combine`
     stats: dict  # loss, clip_fraction, ratio_mean (token means), ratio_max, rows, improbable (tokens left out)
     evidence: tuple[torch.Tensor, torch.Tensor] | None = None
-    """Per row of the batch (0 where a row has no signal): its completion tokens below the run's ``token_floor``
-    and how many honest sampling would give there (:func:`peer.grpo.logprobs.improbable_tokens`); None when the
-    floor is off. Kept by the learner that computed the share: it never crosses the network."""
+    """Per row of the batch (0 where a row has no signal): its completion tokens below the run's ``token_floor``, for
+    the policy and in the sampler's own claim, and how many honest sampling would give there
+    (:func:`peer.grpo.logprobs.improbable_tokens`); None when the floor is off. Kept by the learner that computed the
+    share: it never crosses the network."""
 
 
 def batch_tensors(accepted: list, version: int, spec, pad_id: int, device) -> Batch:
@@ -160,6 +161,7 @@ def share_gradient(
         parts = [(*_trimmed(batch, part)[:3], part) for part in micro_batches(batch, rows, micro_batch_tokens)]
     floor = spec.loss.token_floor
     observed = expected = None
+    left_out = 0  # tokens below the floor, left out of the loss
     if floor > 0:
         observed = torch.zeros(batch.advantages.shape[0], device=batch.advantages.device)
         expected = torch.zeros_like(observed)
@@ -176,8 +178,14 @@ def share_gradient(
             if floor > 0:  # tokens the policy would hardly write teach nothing, and count as evidence of writing
                 rare, mass = improbable_tokens(logits, completion_ids, T, math.log(floor))
                 rare &= mask
-                observed[part] = rare.sum(1).to(observed.dtype)
+                # evidence only where the sampler's own claim was improbable too: a token the policy has turned
+                # against since the group was sampled (two versions took one from -0.16 to -7.45 in the demo) is
+                # drift, and the same token in all of a group's completions; a writer's honest claim of its
+                # payload is improbable (claiming more makes its ratio, and so its gradient, vanish)
+                written = rare & (batch.behaviour[part, :width] < math.log(floor))
+                observed[part] = written.sum(1).to(observed.dtype)
                 expected[part] = torch.where(mask, mass, torch.zeros_like(mass)).sum(1)
+                left_out += int(rare.sum())
                 mask = mask & ~rare
             del logits
             ref = None
@@ -219,7 +227,7 @@ def share_gradient(
         if not any(n for n, _ in found):
             summary["ratio_mean"] = 1.0
     summary["ratio_max"] = max(st.ratio_max for _, st in found)
-    summary["improbable"] = int(observed.sum()) if observed is not None else 0
+    summary["improbable"] = left_out
     evidence = (observed, expected) if observed is not None else None
     return Share(grads, signal_tokens(batch), {**summary, "rows": int(rows.numel())}, evidence)
 

@@ -60,6 +60,11 @@ IMPROBABLE_LEAST = 2
 IMPROBABLE_ALPHA = 1e-6
 """... and only when honest sampling would hold that many less often than this (a Poisson tail with the mean the
 policy's own distributions give): ~0.002 false refusals in 2,000 honest groups where the mean is right."""
+SIGNER_LEAST, SIGNER_SLACK, SIGNER_ALPHA = 3, 2.0, 1e-9
+"""A signer's groups in updates, summed (the intake keeps the sums), are refused with at least ``SIGNER_LEAST``
+tokens below the floor and a Poisson tail below ``SIGNER_ALPHA`` against ``SIGNER_SLACK`` times their expected
+count: tested again at every update, so a slightly biased expectation (the policy moved since the group was sampled,
+another dtype sampled it) must not add up to a ban over a long run; honest signers measured 1.0-1.1 times it."""
 Z_VARIANCE_FLOOR = 1.0
 """Added to Σ Var under the sampling test's square root (nats²): a group of near-certain tokens has Σ Var ≈ 0, and
 one honest sample of a rare token would otherwise make its z huge."""
@@ -382,10 +387,24 @@ def judge_improbable(observed: int, expected: float, floor: float) -> Refused | 
     )
 
 
-def improbable_groups(evidence, group_size: int, floor: float) -> list[Refused | None]:
-    """:func:`judge_improbable` of each group of a batch from its rows' ``evidence`` (``Share.evidence``: per row,
-    the tokens below ``floor`` and their expected count), the batch's groups in order."""
+def group_evidence(evidence, group_size: int) -> list[tuple[int, float]]:
+    """Each group's ``(tokens below the floor, their expected count)`` from its rows' ``evidence``
+    (``Share.evidence``), the batch's groups in order."""
     observed, expected = evidence
     observed = observed.view(-1, group_size).sum(1).tolist()
     expected = expected.view(-1, group_size).sum(1).tolist()
-    return [judge_improbable(int(o), e, floor) for o, e in zip(observed, expected, strict=True)]
+    return [(int(o), float(e)) for o, e in zip(observed, expected, strict=True)]
+
+
+def judge_signer(observed: int, expected: float, floor: float) -> Refused | None:
+    """Refused when a signer's groups in updates, together, hold far more tokens below ``floor`` than twice what
+    sampling gives (:data:`SIGNER_SLACK`, :data:`SIGNER_ALPHA`): one written token per group, each group alone
+    within what sampling gives now and then, adds up."""
+    slack = SIGNER_SLACK * expected
+    if observed < SIGNER_LEAST or poisson_tail(observed, slack) >= SIGNER_ALPHA:
+        return None
+    return Refused(
+        "improbable",
+        f"its groups in updates hold {observed} tokens with probability under {floor:g} for the policy, where "
+        f"sampled text would hold {expected:.2g}: written, not sampled",
+    )
