@@ -11,7 +11,8 @@ higher claim would shrink its own gradient; a lower one is clipped). Its rewards
 is banned the attacker moves on to its next key (up to four at a time); once every key is banned it makes nothing.
 
 Honest producers (four keys, two sampling in float32 and two in bfloat16) make the rest; every group reaches the
-learner one step after it was sampled and goes through the real :class:`~peer.roles.learner.intake.Intake` (prompt
+learner 1 to 4 steps after it was sampled (uniformly: in the demo groups arrive 2.3 versions old, p90 3) and goes
+through the real :class:`~peer.roles.learner.intake.Intake` (prompt
 and rewards recomputed, probation, the sampled log-prob check at rate 0.1 with the real spot check, the per-peer cap),
 then the real update (:func:`~peer.roles.learner.update.share_gradient`, :func:`~peer.roles.learner.update.
 apply_gradient`, AdamW at the learner's 2e-3) on the bundled model. Each scenario runs twice from the same seed:
@@ -43,6 +44,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 HONEST_KEYS = 4  # the first half sample in float32, the others in bfloat16
 ACTIVE_KEYS = 4  # the attacker's keys in use at once
 GROUPS_PER_STEP = 20
+MAX_LAG = 4  # steps a group takes to reach the learner, at most (uniform from 1)
 BATCH = 16
 EVAL_PROMPTS = 100
 EVAL_SAMPLES = 8
@@ -93,10 +95,12 @@ class Swarm:
         self.share = share
         self.seq: Counter = Counter()
         self.kind: dict[tuple[bytes, int], str] = {}  # (owner, seq) -> honest32, honest16, probation, poison
-        self.arriving: list = []
+        self.arriving: dict[int, list] = {}  # step -> the groups that reach the learner then
+        self.steps = 0
         self.counts: Counter = Counter()
         self.used_by: Counter = Counter()
         self.flagged: Counter = Counter()  # kind -> groups refused as improbable
+        self.evidence: Counter = Counter()  # kind -> improbable tokens sampling would give its groups in updates
         self.producer = PEER_ID
 
     # --- producers ---------------------------------------------------------------------------------------------
@@ -120,7 +124,10 @@ class Swarm:
             self.seq[owner] += 1
         groups = self.sample([m for m in made if m[2] != "honest16"], self.model)
         groups += self.sample([m for m in made if m[2] == "honest16"], self.half)
-        arrived, self.arriving = self.arriving, groups
+        for owner, group in groups:  # 1 to MAX_LAG steps on the way, as a swarm's groups arrive 1-4 versions old
+            self.arriving.setdefault(self.steps + self.rng.randint(1, MAX_LAG), []).append((owner, group))
+        arrived = self.arriving.pop(self.steps, [])
+        self.steps += 1
         self.read(arrived)
         self.check()
         self.update()
@@ -228,6 +235,7 @@ class Swarm:
         import torch
 
         from peer.roles.learner.update import MicroBatcher, apply_gradient, batch_tensors
+        from peer.roles.learner.verify import group_evidence
 
         chosen = self.intake.take(self.version)
         if chosen is None:
@@ -239,6 +247,12 @@ class Swarm:
         batch = batch_tensors(chosen, self.version, self.spec, self.tokenizer.pad_token_id, torch.device("cpu"))
         share = MicroBatcher().share_gradient(self.model, batch, self.spec)
         if share is not None:
+            if share.evidence is not None:  # the floor's calibration: improbable tokens against their prediction
+                groups = group_evidence(share.evidence, self.spec.sampling.group_size)
+                for a, (o, e) in zip(chosen, groups, strict=True):
+                    kind = self.kind[(a.owner, a.group.seq)]
+                    self.counts[f"observed_{kind}"] += o
+                    self.evidence[kind] += e
             for a, _ in self.intake.refuse_written(chosen, share.evidence):
                 self.flagged[self.kind[(a.owner, a.group.seq)]] += 1
             self.counts["improbable_tokens"] += share.stats["improbable"]
@@ -302,6 +316,9 @@ def run(keys: int, share: float, floor: float, versions: int, seed: int, every: 
         "attacker_keys_banned": sum(k in swarm.intake.banned for k in swarm.attackers),
         "improbable_refusals": dict(swarm.flagged),
         "improbable_tokens": swarm.counts["improbable_tokens"],
+        "improbable_observed_expected": {
+            k: [swarm.counts[f"observed_{k}"], round(swarm.evidence[k], 2)] for k in ("honest32", "honest16", "poison")
+        },
         "spot_check_refusals": {k[5:]: v for k, v in swarm.counts.items() if k.startswith("spot_")},
         "read_refusals": {k[8:]: v for k, v in swarm.counts.items() if k.startswith("refused_")},
         "honest_banned": sum(k in swarm.intake.banned for k in swarm.honest),
