@@ -412,19 +412,23 @@ def test_a_blob_that_cannot_be_fetched_is_unavailable_and_one_that_does_not_pars
     assert [(f.group, f.unavailable) for f in out] == [(None, False)] and out[0].error
 
 
-def test_one_signers_blobs_hold_at_most_a_quarter_of_the_fetch_workers():
+def _stalled_reader(workers: int):
+    """A reader with ``workers`` fetch workers whose every blob fetch hangs until ``release`` is set (then fails)."""
     import threading
 
-    entries, _ = pointer_entries(range(10, 17))
     release = threading.Event()
 
     def slow(sha256, size, providers, timeout):
         release.wait(10)
         raise UserError("no provider answered")
 
-    swarm = SimpleNamespace(run_id=RUN)
     blobs = SimpleNamespace(fetch=slow, cache=SimpleNamespace(remove=lambda sha: None))
-    reader = DHTBucketStore(swarm, blobs, fetch_workers=2)
+    return DHTBucketStore(SimpleNamespace(run_id=RUN), blobs, fetch_workers=workers), release
+
+
+def test_one_signers_blobs_hold_at_most_a_quarter_of_the_fetch_workers():
+    entries, _ = pointer_entries(range(10, 17))
+    reader, release = _stalled_reader(2)
     try:
         for version, seq, value in entries[:6]:
             reader._submit(PUB_A, version, seq, value)
@@ -456,18 +460,8 @@ def test_newcomers_blobs_together_hold_at_most_half_the_fetch_workers_however_ma
     """M4 of the 12-07 review: four pointer entries of one key (or one each of four keys) held every worker. Now
     signers on probation share half of them: 100 fresh keys' entries put 2 of 4 workers' blobs in flight, and a
     proven producer's entry still goes at once."""
-    import threading
-
     entries, _ = pointer_entries(range(10, 12))
-    release = threading.Event()
-
-    def slow(sha256, size, providers, timeout):
-        release.wait(10)
-        raise UserError("no provider answered")
-
-    swarm = SimpleNamespace(run_id=RUN)
-    blobs = SimpleNamespace(fetch=slow, cache=SimpleNamespace(remove=lambda sha: None))
-    reader = DHTBucketStore(swarm, blobs, fetch_workers=4)
+    reader, release = _stalled_reader(4)
     sybils = [b"sybil-%d" % i for i in range(100)]
     try:
         (version, seq, value), (version2, seq2, value2) = entries
