@@ -93,6 +93,14 @@ from peer.cli_options import (
     help="Measure the newest adapter's held-out exact match every this many seconds, for the page (0: never).",
 )
 @click.option("--eval-n", type=click.IntRange(1), default=200, show_default=True, help="Examples per measurement.")
+@click.option(
+    "--learners",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Print this many learn lines, each with its own credential: a credential admits one machine (two live "
+    "learners on one credential are both refused).",
+)
 @max_upload_option
 def host_cmd(
     run_id,
@@ -118,6 +126,7 @@ def host_cmd(
     web_host,
     eval_every,
     eval_n,
+    learners,
     max_upload,
     **network,
 ):
@@ -166,6 +175,7 @@ def host_cmd(
         eval_every=eval_every,
         eval_n=eval_n,
         max_upload=max_upload,
+        learners=learners,
     )
     host = Host(config)
     try:
@@ -174,8 +184,8 @@ def host_cmd(
             host.write_info(info_file)
         click.echo(
             f"hosting run {run_id}. Rollout peers join with:\n  {host.join_command('join')}\n"
-            f"Learners join with:\n  {host.join_command('learn')}\n"
-            f"Anyone sees the swarm with:\n  {host.join_command('status')}"
+            + _learn_lines(host)
+            + f"Anyone sees the swarm with:\n  {host.join_command('status')}"
             + (f"\nLive status page: {host.web.url}" if host.web else "")
             + (
                 f"\nThis swarm is private: the lines above carry invite {host.invite.invite_id}; give each peer its "
@@ -188,6 +198,13 @@ def host_cmd(
         host.wait()
     finally:
         host.close()
+
+
+def _learn_lines(host) -> str:
+    lines = [host.join_command("learn", i) for i in range(len(host.learner_credentials))]
+    if len(lines) == 1:
+        return f"Learners join with:\n  {lines[0]}\n"
+    return "Learners join with one line each (a credential admits one machine):\n" + "".join(f"  {x}\n" for x in lines)
 
 
 def _invite_name(ctx, param, value: str) -> str:

@@ -47,6 +47,7 @@ class HostConfig:
     eval_every: float = 0.0  # measure the newest adapter's held-out exact match this often (0: never)
     eval_n: int = 200  # held-out examples per measurement
     max_upload: float | None = None  # bytes/s the host's blob server sends at most (--max-upload); None: no limit
+    learners: int = 1  # learn lines printed, each with its own credential (a credential admits one key)
 
 
 def adapter_v0(folder: Path, settings: RunSettings) -> bytes:
@@ -74,7 +75,7 @@ class Host:
         self._known_saved: list[str] = []
         self.book: InviteBook | None = None  # the invites and learner credentials it issued (with --identity)
         self.invite = None  # the invite printed in the join lines (private runs)
-        self.learner_credential = None  # the credential printed in the learn line (peer.network.admission)
+        self.learner_credentials: list = []  # one per learn line printed (peer.network.admission)
         self.credit: CreditState | None = None  # the contributors table it last saw, kept across restarts
 
     def start(self) -> Host:
@@ -101,7 +102,7 @@ class Host:
                 self._closers.add(self._access_watcher.stop)
             self._book_thread = threading.Thread(target=self._watch_book, name="invite-book", daemon=True)
             self._book_thread.start()
-        self.learner_credential = self._learner_credential()
+        self.learner_credentials = self._learner_credentials()
         self.manifest = build_manifest(s, folder, self.blobs.cache.put_bytes(v0), str(self.swarm.peer_id))
         for f in self.manifest.model.files:
             self.blobs.cache.adopt(folder / f.path, sha256=f.sha256)
@@ -176,15 +177,22 @@ class Host:
         own = issue_invite(self.book.issuer, run_id, "coordinator")
         return replace(self.config.network, invite=own.token)
 
-    def _learner_credential(self):
-        """The learn line's credential: the invite book's ``default`` one with ``--identity`` (the same across
-        restarts, and ``hivegrpo invite --role learner`` issues more), else one for this coordinator's lifetime."""
+    def _learner_credentials(self) -> list:
+        """The learn lines' credentials, one per ``learners`` (``default``, ``learner-2``, …): with ``--identity``
+        the invite book's (the same across restarts, and ``hivegrpo invite --role learner`` issues more), else
+        ones for this coordinator's lifetime."""
         from peer.network.admission import issue_credential
 
+        names = ["default", *(f"learner-{i + 1}" for i in range(1, self.config.learners))]
         if self.book is None:
             expires = time.time() + LEARNER_EXPIRY
-            return issue_credential(self.swarm.signing_key, self.config.settings.run_id, "default", expires)
-        return self.book.default_learner()
+            return [issue_credential(self.swarm.signing_key, self.config.settings.run_id, n, expires) for n in names]
+        return [self.book.default_learner(n) for n in names]
+
+    @property
+    def learner_credential(self):
+        """The first learn line's credential."""
+        return self.learner_credentials[0] if self.learner_credentials else None
 
     def _publish_access(self) -> None:
         from peer.network.access import issuer_public, sign_revocations
@@ -310,22 +318,25 @@ class Host:
             "coordinator": self.fingerprint,
             "invite": None if self.invite is None else self.invite.token,
             "learner_credential": None if self.learner_credential is None else self.learner_credential.token,
+            "learner_credentials": [c.token for c in self.learner_credentials],
             "web": None if self.web is None else self.web.url,
             "join_command": self.join_command("join"),
             "learn_command": self.join_command("learn"),
+            "learn_commands": [self.join_command("learn", i) for i in range(len(self.learner_credentials))],
             "status_command": self.join_command("status"),
         }
 
-    def join_command(self, role: str = "join") -> str:
+    def join_command(self, role: str = "join", learner: int = 0) -> str:
         """The line a peer of ``role`` pastes: every address, the run, the coordinator's fingerprint, the invite of
-        a private run and, for ``learn``, the learner credential: in the environment (HIVEGRPO_LEARNER_CREDENTIAL),
-        not in the command's arguments, which every local user can read in ``/proc/*/cmdline``."""
+        a private run and, for ``learn``, learner ``learner``'s credential: in the environment
+        (HIVEGRPO_LEARNER_CREDENTIAL), not in the command's arguments, which every local user can read in
+        ``/proc/*/cmdline``."""
         peers = " ".join(f"--initial-peers {m}" for m in self.swarm.visible_maddrs())
         line = f"hivegrpo {role} {peers} --run-id {self.swarm.run_id} --coordinator {self.fingerprint}"
         if self.invite is not None:
             line += f" --invite {self.invite.token}"
-        if role == "learn" and self.learner_credential is not None:
-            line = f"HIVEGRPO_LEARNER_CREDENTIAL={self.learner_credential.token} {line}"
+        if role == "learn" and self.learner_credentials:
+            line = f"HIVEGRPO_LEARNER_CREDENTIAL={self.learner_credentials[learner].token} {line}"
         return line
 
     def write_info(self, path: Path | str) -> None:

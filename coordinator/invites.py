@@ -101,14 +101,15 @@ class InviteBook:
         self._save()
         return credential
 
-    def default_learner(self) -> Credential:
-        """The learner credential the host prints in its learn line: the book's ``default`` one while valid for
-        ``RENEW_BEFORE`` more (one that never expires, from before credentials expired by default, is replaced)."""
+    def default_learner(self, name: str = "default") -> Credential:
+        """A learner credential the host prints in a learn line (``default``, then ``learner-2``… with
+        ``--learners N``): the book's one of that name while valid for ``RENEW_BEFORE`` more (one that never
+        expires, from before credentials expired by default, is replaced)."""
         soon = time.time() + RENEW_BEFORE
         for e in reversed(self.entries()):
-            if e["role"] == "learner" and e["name"] == "default" and e["state"] == "valid" and e["expires"] > soon:
+            if e["role"] == "learner" and e["name"] == name and e["state"] == "valid" and e["expires"] > soon:
                 return parse_credential(e["token"])
-        return self.issue_learner("default")
+        return self.issue_learner(name)
 
     def revoke(self, invite_id: str) -> dict:
         """Revoke an issued invite or learner credential by id; the entry revoked."""

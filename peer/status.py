@@ -63,16 +63,14 @@ def read_status(swarm, coordinator: str | None = None) -> dict[str, Any]:
 
 
 def _admitted(
-    run_id: str, coordinator_key: bytes | None, learners, revoked=frozenset()
+    run_id: str, coordinator_key: bytes | None, learners, revoked=frozenset(), now: float | None = None
 ) -> tuple[dict[bytes, str], dict[str, str], dict[str, int]]:
-    """Signer -> peer id of the learners whose admission verifies against the run's coordinator and whose
-    credential is not in ``revoked``; refusals by fingerprint; credential id -> signers, for credentials bound to
-    more than one (see :mod:`peer.network.admission`)."""
-    from collections import Counter
+    """Signer -> peer id of the learners whose admission verifies against the run's coordinator, whose credential
+    is not in ``revoked`` and admits them (one key per credential: :func:`~peer.network.admission.one_per_credential`);
+    refusals by fingerprint; credential id -> live keys, for credentials bound to more than one."""
+    from peer.network.admission import CredentialError, check_binding, one_per_credential, verify_certificate
 
-    from peer.network.admission import CredentialError, check_binding, verify_certificate
-
-    admitted, refused, bound = {}, {}, Counter()
+    verified, refused, bindings = {}, {}, []
     for owner, record in learners:
         try:
             if coordinator_key is None:
@@ -82,11 +80,13 @@ def _admitted(
                 raise CredentialError("its binding was not signed by its credential's holder")
             if certificate.credential_id in revoked:
                 raise CredentialError(f"its learner credential {certificate.credential_id} was revoked by the host")
-            admitted[owner] = record.peer_id
-            bound[certificate.credential_id] += 1
+            verified[owner] = record.peer_id
+            bindings.append((owner, certificate.credential_id, record.created))
         except CredentialError as e:
             refused[key_fingerprint(owner)] = f"learner record refused: {e}"
-    return admitted, refused, {credential: n for credential, n in bound.items() if n > 1}
+    kept, why, shared = one_per_credential(bindings, now)
+    refused.update({key_fingerprint(owner): f"learner record refused: {w}" for owner, w in why.items()})
+    return {owner: verified[owner] for owner in kept}, refused, shared
 
 
 def _manifest(run_id: str, manifests, peers, coordinator: str | None) -> tuple[dict | None, list[str]]:
@@ -134,6 +134,7 @@ def _admitted_only(
     credits=(),
     access=None,
     shared=None,
+    now=None,
 ):
     """The heartbeats, metrics, announcements and credit records whose claims hold; what was refused goes into
     ``refused``, the credentials bound to several keys into ``shared``. ``access``: the ``{run}_access`` items read
@@ -142,7 +143,7 @@ def _admitted_only(
 
     host = next((o for o, _ in manifests if manifest and key_fingerprint(o) == manifest["coordinator"]), None)
     found = read_revoked(access, run_id, host) if access and host is not None else None
-    admitted, why, bound = _admitted(run_id, host, learners, found[0] if found else frozenset())
+    admitted, why, bound = _admitted(run_id, host, learners, found[0] if found else frozenset(), now)
     refused.update(why)
     if shared is not None:
         shared.update(bound)
@@ -192,13 +193,11 @@ def summarize(
     credits = credits or []
     if learners is not None:
         peers, metrics, adapters, credits = _admitted_only(
-            run_id, manifest, manifests, learners, peers, metrics, adapters, refused, credits, access, shared
+            run_id, manifest, manifests, learners, peers, metrics, adapters, refused, credits, access, shared, now
         )
-    problems += [
-        f"learner credential {c} is bound to {n} keys at once: give each learner its own (`hivegrpo invite --role "
-        f"learner`); if one of them is not yours, revoke it (`hivegrpo invite --revoke {c}`)"
-        for c, n in sorted(shared.items())
-    ]
+    from peer.network.admission import shared_problem
+
+    problems += [shared_problem(c, n) for c, n in sorted(shared.items())]
     group_size = (manifest or {}).get("group_size")
     learned = sorted((m for _, m in metrics), key=lambda m: m.version)
     newest = learned[-1] if learned else None

@@ -142,6 +142,7 @@ class LocalSwarm:
         self.logs.chmod(0o700)  # the host's summary holds the learner credential, the logs the peers' addresses
         info_file = self.root / "info.json"
         host = ["host", "--run-id", self.run_id, "--cache-dir", str(self.root / "host"), *LOOPBACK]
+        host += ["--learners", str(max(1, self.learner_count))]  # a credential admits one learner
         self.host = Child(
             "host", [*host, "--info-file", str(info_file), *self.host_args], self.logs, module=self.module
         )
@@ -172,7 +173,7 @@ class LocalSwarm:
         self.info = json.loads(info_file.read_text())
         for i in range(1, self.learner_count):
             time.sleep(LEARNER_STAGGER)  # a later learner then finds the first one leading, and helps it
-            argv = self._learn(i, self._expand([JOIN]), self.info["learner_credential"])
+            argv = self._learn(i, self._expand([JOIN]), self.info["learner_credentials"][i])
             self.learners.append(Child(_learner(i), argv, self.logs, module=self.module))
         return self
 

@@ -27,7 +27,7 @@ import hashlib
 import secrets
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import msgpack
@@ -46,6 +46,7 @@ REFRESH = 5.0  # s between reads of the learners' records
 RECORD_TTL = 120.0  # s a learner's record lives unless re-stored (it is, with every heartbeat)
 MAX_REMEMBERED = 256  # signers whose refusal reason is kept for status
 LOGGED_PER_MINUTE = 10  # signers whose refusal is logged a minute (the rest are counted in one line)
+LIVE_BINDING = 30.0  # s: a binding re-stored within this is live (a learner re-stores its record every 10 s)
 
 
 class CredentialError(UserError, ValueError):
@@ -279,17 +280,48 @@ def read_revoked(items: dict, run_id: str, coordinator_key: bytes) -> tuple[froz
     return frozenset(record.revoked), record.created
 
 
-def shared_credentials(admissions) -> dict[str, int]:
-    """Credential id -> how many signers ``admissions`` bind it to, for those bound to more than one."""
-    bound = Counter(a.credential_id for a in admissions)
-    return {credential_id: n for credential_id, n in bound.items() if n > 1}
+def one_per_credential(bindings, now: float | None = None) -> tuple[set[bytes], dict[bytes, str], dict[str, int]]:
+    """Which of ``bindings`` — ``(signer, credential id, created)`` of verified learner records — count: a credential
+    admits one key. Of the keys one credential is bound to, those whose record was stored in the last
+    :data:`LIVE_BINDING` s are live: one live key is admitted (a learner restarted under a new key replaces its old
+    record within ``LIVE_BINDING`` s); two or more live keys are the same credential on two machines — shared, or
+    stolen — and none is admitted until the host revokes it or one stops (a thief gains nothing by binding a copied
+    secret while its holder runs: the lineage it could write stops for everyone, and status names the credential).
+    With no live key (the learners stalled, or this clock runs ahead) the newest record counts. A record dated ahead
+    is live, never older than another: a signer's date moves only its own record.
+
+    Returns the signers admitted, why each other one is not, and credential id -> live keys for those shared."""
+    now = time.time() if now is None else now
+    by_credential: dict[str, list[tuple[bytes, float]]] = {}
+    for signer, credential_id, created in bindings:
+        by_credential.setdefault(credential_id, []).append((signer, created))
+    kept, refused, shared = set(), {}, {}
+    for credential_id, keys in by_credential.items():
+        if len(keys) == 1:
+            kept.add(keys[0][0])
+            continue
+        live = [signer for signer, created in keys if created >= now - LIVE_BINDING]
+        if len(live) > 1:
+            shared[credential_id] = len(live)
+            for signer, _ in keys:
+                refused[signer] = shared_problem(credential_id, len(live))
+            continue
+        if not live:
+            live = [max((created, signer) for signer, created in keys)[1]]
+        kept.update(live)
+        for signer, _ in keys:
+            if signer not in live:
+                refused[signer] = (
+                    f"its learner credential {credential_id} is now bound to another key (a newer record)"
+                )
+    return kept, refused, shared
 
 
-def _shared(credential_id: str, signers: int) -> str:
+def shared_problem(credential_id: str, signers: int) -> str:
     return (
-        f"learner credential {credential_id} is bound to {signers} keys at once: give each learner its own "
-        f"(`hivegrpo invite --role learner`), and if one of them is not yours, revoke it "
-        f"(`hivegrpo invite --revoke {credential_id}`)"
+        f"learner credential {credential_id} is bound to {signers} live keys at once, so none of them is admitted: "
+        f"give each learner its own (`hivegrpo host --learners N`, `hivegrpo invite --role learner`), and if one of "
+        f"them is not yours, revoke it (`hivegrpo invite --revoke {credential_id}`)"
     )
 
 
@@ -302,9 +334,10 @@ class Admitted:
     A credential is something the host can take back: the coordinator's revocation list (``{run}_access``, under
     the coordinator's own subkey, the ids signed by its invite issuer key; :mod:`coordinator.invites`) is read with
     every refresh, and an admission whose credential id it lists is refused from then on — within ``refresh``
-    seconds of the list reaching the DHT. ``shared`` names the credentials that live records bind to more than one
-    signer (one learn line pasted on several machines, or a copied secret): logged once, shown by status, so the
-    host can give each learner its own and revoke the one that leaked.
+    seconds of the list reaching the DHT. A credential admits one key (:func:`one_per_credential`): ``shared`` names
+    those that live records bind to more than one signer (one learn line pasted on several machines, or a copied
+    secret), none of whose signers is admitted; logged once, shown by status, so the host can give each learner its
+    own and revoke the one that leaked.
     """
 
     def __init__(self, swarm, coordinator_key: bytes, adapter0_sha256: str = "", *, refresh: float = REFRESH):
@@ -314,8 +347,10 @@ class Admitted:
         self.adapter_size = 0  # bytes every adapter of the run has (its LoRA shape fixes them); 0: not known yet
         self.refresh_every = refresh
         self.refused: OrderedDict[str, str] = OrderedDict()  # signer fingerprint -> why
-        self._by_signer: dict[bytes, Admission] = {}
+        self._by_signer: dict[bytes, Admission] = {}  # every verified record's signer, one credential's or not
+        self._admitted: dict[bytes, Admission] = {}  # those of them admitted (one key per credential)
         self._seen: dict[bytes, float] = {}  # signer -> when a read last returned its (valid) record
+        self._created: dict[bytes, float] = {}  # signer -> its record's ``created`` (when it was last stored)
         self._checked: OrderedDict[bytes, Admission | str] = OrderedDict()  # digest of (signer, value) -> result
         self._read_at = -float("inf")
         self._lock = threading.Lock()
@@ -339,14 +374,15 @@ class Admitted:
                     self._merge(self._read(), time.monotonic())
                 except Exception as e:  # the network boundary: keep what was known, try again later
                     logger.warning("could not read the run's admitted learners: %s", e)
-            return dict(self._by_signer)
+            return dict(self._admitted)
 
-    def _merge(self, found: dict[bytes, Admission], now: float) -> None:
+    def _merge(self, found: dict[bytes, tuple[Admission, float]], now: float) -> None:
         """One read's admissions, plus those read before whose record cannot have expired since: a DHT read can
         miss entries of a dictionary (a node that did not hold them yet), and a learner must not flicker. What was
         revoked since is dropped too."""
-        for signer, admission in found.items():
+        for signer, (admission, created) in found.items():
             self._by_signer[signer], self._seen[signer] = admission, now
+            self._created[signer] = max(created, self._created.get(signer, created))
         wall = time.time()
         for signer in list(self._by_signer):
             admission = self._by_signer[signer]
@@ -354,13 +390,18 @@ class Admitted:
                 self.refuse(signer, f"its learner credential {admission.credential_id} was revoked by the host")
             elif not (now - self._seen[signer] > RECORD_TTL or admission.expired(wall)):
                 continue
-            del self._by_signer[signer], self._seen[signer]
-        shared = shared_credentials(self._by_signer.values())
+            del self._by_signer[signer], self._seen[signer], self._created[signer]
+        kept, refused, shared = one_per_credential(
+            (signer, a.credential_id, self._created[signer]) for signer, a in self._by_signer.items()
+        )
         for credential_id in shared.keys() - self.shared.keys():
-            logger.warning(_shared(credential_id, shared[credential_id]))
+            logger.warning(shared_problem(credential_id, shared[credential_id]))
+        for signer, why in refused.items():
+            self.refuse(signer, why)
         self.shared = shared
-        if self.on_change is not None and self._by_signer.keys() != self._told:
-            self._told = frozenset(self._by_signer)
+        self._admitted = {signer: self._by_signer[signer] for signer in kept}
+        if self.on_change is not None and self._admitted.keys() != self._told:
+            self._told = frozenset(self._admitted)
             self.on_change(self._told)
 
     def _read_revoked(self) -> None:
@@ -373,10 +414,10 @@ class Admitted:
         if found is not None and found[1] > self._revoked_at:
             self.revoked, self._revoked_at = found
 
-    def _read(self) -> dict[bytes, Admission]:
+    def _read(self) -> dict[bytes, tuple[Admission, float]]:
         from peer.protocol import LearnerRecord, RecordError, from_dht_value, learners_key, parse_owner_subkey
 
-        out: dict[bytes, Admission] = {}
+        out: dict[bytes, tuple[Admission, float]] = {}
         now = time.time()
         for subkey, item in self.swarm.get_dict(learners_key(self.swarm.run_id)).items():
             try:
@@ -394,7 +435,7 @@ class Admitted:
                 if len(self._checked) > 4 * MAX_REMEMBERED:
                     self._checked.popitem(last=False)
             if isinstance(result, Admission):
-                out[signer] = result
+                out[signer] = result, record.created
             else:
                 self.refuse(signer, result)
         return out
@@ -482,10 +523,11 @@ __all__ = [
     "issue_credential",
     "keep_admitted",
     "learner_record",
+    "one_per_credential",
     "parse_credential",
     "publish_admission",
     "read_certificate",
     "read_revoked",
-    "shared_credentials",
+    "shared_problem",
     "verify_certificate",
 ]

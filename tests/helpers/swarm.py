@@ -110,9 +110,10 @@ def join_args(info: dict) -> list[str]:
     return ["--run-id", info["run_id"], "--coordinator", info["coordinator"], *peers, *LOOPBACK]
 
 
-def learn_args(info: dict) -> list[str]:
-    """:func:`join_args` and the learner credential the host's learn line carries."""
-    return [*join_args(info), "--learner-credential", info["learner_credential"]]
+def learn_args(info: dict, learner: int = 0) -> list[str]:
+    """:func:`join_args` and the learner credential learn line ``learner`` carries (a host started with
+    ``--learners N`` prints N, each admitting one key)."""
+    return [*join_args(info), "--learner-credential", info["learner_credentials"][learner]]
 
 
 def read_ledger(path: Path) -> list[dict]:

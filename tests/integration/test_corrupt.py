@@ -38,7 +38,9 @@ def test_corrupt_and_truncated_copies_are_refused_and_nothing_corrupt_is_loaded(
     folder = model_copy(tmp_path)
     for i in range(24):  # a model folder may hold more than the model (notes, licences): each file is a blob
         (folder / f"notes-{i:02d}.txt").write_bytes(os.urandom(2048))
-    host, info = start_host(procs, tmp_path, "corrupt", "--model", str(folder), "--groups-per-version", "4")
+    host, info = start_host(
+        procs, tmp_path, "corrupt", "--model", str(folder), "--groups-per-version", "4", "--learners", "3"
+    )
     net = join_args(info)
     rollout = ["--batch-size", "4", "--json"]
     honest = procs.start("honest", "join", *net, "--cache-dir", str(tmp_path / "a"), *rollout)
@@ -53,9 +55,9 @@ def test_corrupt_and_truncated_copies_are_refused_and_nothing_corrupt_is_loaded(
     ]
     learner = procs.start("learner", *learn, "--ledger", str(ledger), "--json")
     mirrors = {}
-    for mode in ("flip", "truncate"):
+    for i, mode in enumerate(("flip", "truncate"), 1):
         args = [MIRROR, mode, *net, "--cache-dir", str(tmp_path / mode), "--identity", str(tmp_path / f"{mode}.id")]
-        args += ["--learner-credential", info["learner_credential"]]  # admitted, so that followers ask it
+        args += ["--learner-credential", info["learner_credentials"][i]]  # admitted, so that followers ask it
         mirrors[mode] = procs.start_argv(mode, args)
     wait_until(
         lambda: all("holding the base model" in procs.log(m) for m in mirrors.values()),

@@ -89,7 +89,9 @@ class Run:
 
     def __init__(self, procs, tmp_path: Path, reader, run_id: str):
         self.procs, self.root = procs, tmp_path
-        self.host, self.info = start_host(procs, tmp_path, run_id, "--groups-per-version", "4", new_session=True)
+        self.host, self.info = start_host(
+            procs, tmp_path, run_id, "--groups-per-version", "4", "--learners", "2", new_session=True
+        )
         self.net = join_args(self.info)
         self.peers: dict = {}
         self.ledgers: dict[str, Path] = {}
@@ -98,12 +100,13 @@ class Run:
 
     def learner(self, name: str, label: str | None = None, checkpoint: bool = True):
         """``hivegrpo learn`` with identity, cache (and checkpoint directory) named ``name``; ``label``: its log and
-        ledger (a restart of ``name`` under another label keeps the first run's files)."""
+        ledger (a restart of ``name`` under another label keeps the first run's files). Learners "a" and "b" have a
+        learn line each: a credential admits one key."""
         label = label or name
         self.ledgers[label] = self.root / f"{label}.jsonl"
         args = [
             "learn",
-            *learn_args(self.info),
+            *learn_args(self.info, "ab".index(name)),
             "--cache-dir",
             str(self.root / name),
             "--identity",

@@ -31,15 +31,31 @@ def _ledger(path: Path) -> dict[int, dict]:
 def test_two_learners_make_one_lineage_and_the_helper_takes_over_when_the_leader_dies(tmp_path, procs, reader):
     from peer.run.adapters import announcements
 
-    host, info = start_host(procs, tmp_path, "team1", "--groups-per-version", "4", "--tau-max", "4")
+    host, info = start_host(procs, tmp_path, "team1", "--groups-per-version", "4", "--tau-max", "4", "--learners", "2")
     rollout = procs.start("rollout", "join", *join_args(info), "--cache-dir", str(tmp_path / "r"), "--batch-size", "4")
     ledger_a, ledger_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    learn = [*learn_args(info), "--json"]
     a = procs.start(
-        "learner-a", "learn", *learn, "--cache-dir", str(tmp_path / "a"), "--ledger", str(ledger_a), new_session=True
+        "learner-a",
+        "learn",
+        *learn_args(info, 0),
+        "--json",
+        "--cache-dir",
+        str(tmp_path / "a"),
+        "--ledger",
+        str(ledger_a),
+        new_session=True,
     )
     wait_until(lambda: len(_ledger(ledger_a)) >= 2, "the first learner's first versions", 180, [a, rollout])
-    b = procs.start("learner-b", "learn", *learn, "--cache-dir", str(tmp_path / "b"), "--ledger", str(ledger_b))
+    b = procs.start(
+        "learner-b",
+        "learn",
+        *learn_args(info, 1),
+        "--json",
+        "--cache-dir",
+        str(tmp_path / "b"),
+        "--ledger",
+        str(ledger_b),
+    )
     wait_until(lambda: len(_ledger(ledger_b)) >= 4, "the second learner applying versions", 180, [a, b, rollout])
 
     def helped() -> bool:
@@ -108,14 +124,14 @@ def test_two_learners_make_one_lineage_and_the_helper_takes_over_when_the_leader
 def test_two_learners_started_at_once_settle_on_one_leader_and_one_lineage(tmp_path, procs, reader):
     from peer.network.heartbeat import live_peers
 
-    host, info = start_host(procs, tmp_path, "team2", "--groups-per-version", "4")
+    host, info = start_host(procs, tmp_path, "team2", "--groups-per-version", "4", "--learners", "2")
     rollout = procs.start("rollout", "join", *join_args(info), "--cache-dir", str(tmp_path / "r"), "--batch-size", "4")
     ledgers = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
     learners = [
         procs.start(
-            "learner-" + n, "learn", *learn_args(info), "--cache-dir", str(tmp_path / n), "--ledger", str(ledger)
+            "learner-" + n, "learn", *learn_args(info, i), "--cache-dir", str(tmp_path / n), "--ledger", str(ledger)
         )
-        for n, ledger in zip("ab", ledgers, strict=True)
+        for i, (n, ledger) in enumerate(zip("ab", ledgers, strict=True))
     ]  # neither sees the other's versions at start: each may lead a lineage of its own for a while
 
     def agreed() -> list[int]:

@@ -321,25 +321,69 @@ def test_only_the_coordinators_own_signed_revocation_list_counts(keys):
     assert admitted.revoked == frozenset(), "an older list never replaces a newer one"
 
 
-def test_a_credential_bound_to_two_keys_is_named_as_shared_and_status_says_so(keys):
+def _bind_in(records, credential, key, peer_id, run="run-s", created=None):
+    learner = _Swarm(key, peer_id)
+    learner.run_id = run
+    record = admission.learner_record(credential, learner)
+    if created is not None:
+        record = record.copy(update={"created": created})
+    records[owner_subkey(_pub(key))] = to_dht_value(record)
+
+
+def test_a_credential_bound_to_two_live_keys_admits_neither_and_status_says_so(keys):
     from peer.status import summarize
-    from tests.helpers.status import NOW, status_manifest
+    from tests.helpers.status import status_manifest
 
     swarm = _Swarm(keys.host)
     swarm.run_id = "run-s"  # the status units' run
     credential = admission.issue_credential(keys.host, "run-s")
     records = swarm.records.setdefault(learners_key("run-s"), {})
     for key, peer_id in ((keys.learner, "QmLearner"), (keys.stranger, "QmThief")):  # the thief binds it to its key
-        learner = _Swarm(key, peer_id)
-        learner.run_id = "run-s"
-        records[owner_subkey(_pub(key))] = to_dht_value(admission.learner_record(credential, learner))
+        _bind_in(records, credential, key, peer_id)
+    _announce(swarm, keys.stranger, 1, SHA[1], "QmThief", parent=SHA[0])
     admitted = Admitted(swarm, _pub(keys.host), refresh=0.0)
-    assert len(admitted.learners()) == 2
+    assert admitted.learners() == {}, "a stolen copy stops the lineage it could write, for the thief too"
     assert admitted.shared == {credential.certificate.credential_id: 2}
+    assert announcements(swarm, admitted) == [], "the thief's announcement is ignored"
+    assert not admitted.admits(_pub(keys.stranger), "QmThief") and not admitted.admits(_pub(keys.learner), "QmLearner")
+    assert any("2 live keys at once" in why for why in admitted.refused.values())
     learners = [(parse_owner_subkey(k), from_dht_value(LearnerRecord, v)) for k, v in records.items()]
     manifests = [(_pub(keys.host), status_manifest())]
-    status = summarize("run-s", [], [], [], manifests, now=NOW, learners=learners)
-    assert any("bound to 2 keys at once" in p and "--revoke" in p for p in status["problems"]), status["problems"]
+    status = summarize("run-s", [], [], [], manifests, learners=learners)
+    assert any("bound to 2 live keys at once" in p and "--revoke" in p for p in status["problems"]), status["problems"]
+    refused = {r["fingerprint"] for r in status["refused"]}
+    assert {admission.key_fingerprint(_pub(k)) for k in (keys.learner, keys.stranger)} <= refused
+    # one of them stopped a while ago (its record is no longer re-stored): the other is admitted
+    _bind_in(records, credential, keys.stranger, "QmThief", created=time.time() - 2 * admission.LIVE_BINDING)
+    later = Admitted(swarm, _pub(keys.host), refresh=0.0)
+    assert set(later.learners()) == {_pub(keys.learner)}
+    assert later.shared == {}
+
+
+def test_a_learner_restarted_under_a_new_key_replaces_its_old_binding(keys):
+    swarm = _Swarm(keys.host)
+    credential = admission.issue_credential(keys.host, RUN)
+    records = swarm.records.setdefault(learners_key(RUN), {})
+    _bind_in(records, credential, keys.learner, "QmPrev", run=RUN, created=time.time() - admission.LIVE_BINDING - 5)
+    admitted = Admitted(swarm, _pub(keys.host), refresh=0.0)
+    assert set(admitted.learners()) == {_pub(keys.learner)}, "alone, a record stored a while ago still admits"
+    _bind_in(records, credential, keys.stranger, "QmNext", run=RUN)  # the restart: a new key, the old record lives on
+    assert set(admitted.learners()) == {_pub(keys.stranger)}
+    assert admitted.shared == {}
+    assert any("now bound to another key" in why for why in admitted.refused.values())
+
+
+def test_one_credential_admits_one_key_by_the_records_dates():
+    now = 1_000_000.0
+    live, stale = now - 1, now - admission.LIVE_BINDING - 1
+    kept, refused, shared = admission.one_per_credential([(b"a", "c1", stale), (b"b", "c2", stale)], now)
+    assert kept == {b"a", b"b"} and not refused and not shared, "one key per credential: both admitted"
+    kept, refused, shared = admission.one_per_credential([(b"a", "c", live), (b"b", "c", now + 3600)], now)
+    assert kept == set() and set(refused) == {b"a", b"b"} and shared == {"c": 2}, "dated ahead is live, not newer"
+    kept, _, shared = admission.one_per_credential([(b"a", "c", stale - 10), (b"b", "c", stale)], now)
+    assert kept == {b"b"} and not shared, "none live: the newest record counts"
+    kept, refused, _ = admission.one_per_credential([(b"a", "c", stale), (b"b", "c", live)], now)
+    assert kept == {b"b"} and "now bound to another key" in refused[b"a"]
 
 
 def test_status_refuses_a_learner_whose_credential_the_host_revoked(keys):

@@ -21,7 +21,8 @@ CLI_SOURCES = ("peer/cli.py", "peer/cli_options.py", "peer/cli_checks.py", "coor
 # The same flag on commands where it means something else (or takes another range), so each is its own option:
 # --seed is the run's, the held-out set's, the training's or the tiny model's; --out a new folder in each command;
 # --max-new-tokens, --group-size, --eval-every, --eval-n, --duration and --target keep each command's own range and
-# default; --private, --name and --identity of `invite` are not the peers' ones.
+# default; --private, --name and --identity of `invite` are not the peers' ones; --learners is the demo's learner
+# processes and the host's learn lines (one credential each).
 OWN_MEANING_PER_COMMAND = {
     "--seed",
     "--out",
@@ -34,6 +35,7 @@ OWN_MEANING_PER_COMMAND = {
     "--private",
     "--name",
     "--identity",
+    "--learners",
 }
 
 
