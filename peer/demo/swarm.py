@@ -98,9 +98,9 @@ class Child:
 class LocalSwarm:
     """Start with :meth:`start`; :meth:`stop` ends rollout peers, then the learners, then the host.
 
-    With ``learners`` > 1 they form one team (:mod:`peer.roles.learner.team.lead`): the first leads, the others help;
-    each
-    writes its own ledger (``ledger``, then ``ledger-2.jsonl`` ... beside it), every one of them the whole lineage.
+    With ``learners`` > 1 they form one team (:mod:`peer.roles.learner.team.lead`), each on a credential of its own:
+    the first leads, the others help; each writes its own ledger (``ledger``, then ``ledger-2.jsonl`` ... beside
+    it), every one of them the whole lineage.
     """
 
     def __init__(

@@ -2,8 +2,7 @@
 
 One function renders every prompt in the project, :func:`prompt_ids`: the rollout peer's sampler, the learner's
 check that a group's prompt tokens are its example's (:func:`peer.roles.learner.verify.check_group`), evaluation and
-the
-single-process reference loop all call it, so a prompt means the same tokens everywhere. With
+the single-process reference loop all call it, so a prompt means the same tokens everywhere. With
 ``chat_template="none"`` it is the tokenizer's plain encoding of the question (with its special tokens, e.g. a BOS);
 with ``"auto"`` it is the tokenizer's own chat template over an optional system turn and the question as the user
 turn, ending with the assistant's generation prompt.

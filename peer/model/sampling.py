@@ -284,6 +284,31 @@ def sample_groups(
     )
 
 
+def sample_run(
+    model,
+    tokenizer,
+    prompts: list[str],
+    sampling,
+    prompt: PromptConfig,
+    *,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+) -> Completions:
+    """:func:`sample_groups` with a run's settings: ``sampling`` (a :class:`~peer.grpo.SamplingConfig`: G, length,
+    temperature) and its ``prompt`` rendering — how a run's groups are sampled, in one place."""
+    return sample_groups(
+        model,
+        tokenizer,
+        prompts,
+        group_size=sampling.group_size,
+        max_new_tokens=sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        device=device,
+        generator=generator,
+        prompt=prompt,
+    )
+
+
 def greedy_texts(
     model,
     tokenizer,

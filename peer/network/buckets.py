@@ -1,11 +1,11 @@
-"""Buckets: where rollout groups wait for learners, keyed by ``(run, adapter version)``, one entry per group.
+"""Buckets: where rollout groups wait for learners, keyed by ``(run, adapter version)``, one entry per batch.
 
-A rollout peer publishes each group under ``bucket_key(run, version)`` with the subkey
-``[owner:ITS_KEY]<version>.<seq>``: the DHT's validators make sure only the owner of that key can write it and that
-the entry matches its schema. Small groups ride inline in the entry, packed as one batch; larger ones are put in the
-producer's blob cache and the entry holds a pointer (sha256, size, provider), fetched over a P2P stream when a
-learner wants it. Either way the groups are bytes until a reader parses them (:func:`~peer.protocol.groups_of`):
-the DHT nodes check the entry, not each group.
+A rollout peer publishes each run of consecutive groups (up to 64) under ``bucket_key(run, version)`` with the
+subkey ``[owner:ITS_KEY]<version>.<seq>`` (its first group's seq): the DHT's validators make sure only the owner of
+that key can write it and that the entry matches its schema. Small groups ride inline in the entry, packed as one
+batch; larger ones are put in the producer's blob cache and the entry holds a pointer (sha256, size, provider),
+fetched over a P2P stream when a learner wants it. Either way the groups are bytes until a reader parses them
+(:func:`~peer.protocol.groups_of`): the DHT nodes check the entry, not each group.
 Entries expire by themselves (``expiration`` seconds: a rollout peer's last as long as 62 versions take, at least
 60 s and at most 600 s), so buckets clean up.
 Stores and reads search narrowly (the key's nearest replicas, one round of requests: ``Swarm``'s "search width");

@@ -3,8 +3,7 @@
 Volunteer-computing projects credit their volunteers; here a contributor is the key whose fingerprint signs its
 groups (a rollout peer's ``--identity`` keeps it across restarts). For each, a learner counts the groups its updates
 **used**, the groups its intake **refused** (by reason: :data:`peer.roles.learner.verify.REASONS`; a ``duplicate`` is
-not
-counted: it is the learner reading a bucket again after a restart, not the producer's doing), the groups that were
+not counted: it is the learner reading a bucket again after a restart, not the producer's doing), the groups that were
 **stale** (read too late, or waited in the pool until they were), the verified groups **without signal** (all
 rewards equal), when it was first counted (**since**), and its latest ``--name`` from its heartbeat.
 

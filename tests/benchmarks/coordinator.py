@@ -28,22 +28,10 @@ import time
 from pathlib import Path
 
 from tests.benchmarks import json_lines
+from tests.helpers.waiting import children as processes
+from tests.helpers.waiting import wait_until
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def _wait(predicate, what: str, timeout: float, children=()):
-    deadline = time.time() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        for c in children:
-            if not c.alive:
-                raise RuntimeError(f"{what}: the {c.name} exited with {c.process.returncode}:\n{c.tail()}")
-        if time.time() > deadline:
-            raise RuntimeError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.5)
 
 
 def _status(run_id: str, maddrs: list[str], invite: str | None) -> dict:
@@ -70,7 +58,7 @@ def run_round(root: Path, name: str, private: bool, args, outage: bool) -> dict:
     host_argv += ["--info-file", str(info_file), *LOOPBACK] + (["--private"] if private else [])
     children = [Child(f"{name}-host", host_argv, root)]
     try:
-        _wait(info_file.exists, "the host's join details", 120, children)
+        wait_until(info_file.exists, "the host's join details", 120, processes(children), interval=0.5)
         info = json.loads(info_file.read_text())
         common = ["--run-id", run_id, "--coordinator", info["coordinator"], *LOOPBACK]
         common += [a for m in info["initial_peers"] for a in ("--initial-peers", m)]
@@ -88,7 +76,13 @@ def run_round(root: Path, name: str, private: bool, args, outage: bool) -> dict:
             str(ledger),
         ]
         children.append(Child(f"{name}-learner", learn, root))
-        _wait(lambda: len(json_lines(ledger)) >= args.warmup, f"{args.warmup} versions", 300, children)
+        wait_until(
+            lambda: len(json_lines(ledger)) >= args.warmup,
+            f"{args.warmup} versions",
+            300,
+            processes(children),
+            interval=0.5,
+        )
         start = time.time()
         time.sleep(args.seconds)
         versions_per_s, groups_per_s = _rate(json_lines(ledger), start, time.time())
@@ -127,7 +121,7 @@ def measure_outage(root, name, children, ledger, host_argv, info, args) -> dict:
         hosts = [p for p in s.get("peers", []) if p["role"] == "coordinator" and p["state"] == "running"]
         return [p for p in hosts if p["uptime_s"] < time.time() - restarted + 5]
 
-    _wait(listed, "the restarted host in the peers' status", 180, children)
+    wait_until(listed, "the restarted host in the peers' status", 180, processes(children), interval=0.5)
     return {
         "gap_median_before_s": round(statistics.median(gaps_before), 3),
         "stall_after_kill_s": None if stall is None else round(stall, 3),

@@ -5,7 +5,8 @@ run as child processes; the rollout peer fills the bucket of version 0 with ``--
 host's DHT node keeps the entries), so no producer competes for the CPU or adds groups. A group whose rewards are all
 equal never takes an update's slot, so the run makes at most one version per 16 groups with signal (the fill is twice
 the groups the versions need; about a quarter of the bundled model's groups at v0 have none). This process then holds
-a real learner (``peer.roles.learner.peer.LearnerPeer``, its DHT in a child process of its own) and times
+a real learner (``peer.roles.learner.peer.LearnerPeer``, its DHT in a child process of its own; the producer counted as
+proven, past its probation, as in a run's steady state) and times
 :meth:`~peer.roles.learner.peer.LearnerPeer.run` for ``--versions`` versions:
 reading the buckets from the DHT, verifying every group (prompt re-derived, reward recomputed), the sampled
 log-prob checks, batching, the clipped-loss AdamW step, serializing and hashing each adapter, the announcements.
@@ -31,18 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.helpers.waiting import children as processes
+from tests.helpers.waiting import wait_until
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def wait_for(predicate, what: str, timeout: float, children=()) -> None:
-    deadline = time.time() + timeout
-    while not predicate():
-        for c in children:
-            if not c.alive:
-                raise RuntimeError(f"{what}: the {c.name} exited with {c.process.returncode} (log {c.log})")
-        if time.time() > deadline:
-            raise RuntimeError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.5)
 
 
 def main(argv=None) -> dict:
@@ -92,7 +85,7 @@ def main(argv=None) -> dict:
             info_file = root / "info.json"
             host_argv = ["host", "--run-id", run_id, "--tau-max", str(tau_max), "--cache-dir", str(root / "host")]
             children.append(Child("host", [*host_argv, "--info-file", str(info_file), *LOOPBACK], root))
-            wait_for(info_file.exists, "the host's join details", 120, children)
+            wait_until(info_file.exists, "the host's join details", 120, processes(children), interval=0.5)
             info = json.loads(info_file.read_text())
             peers = [a for m in info["initial_peers"] for a in ("--initial-peers", m)]
             join = ["join", "--run-id", run_id, "--coordinator", info["coordinator"], *peers, *LOOPBACK]
@@ -101,15 +94,18 @@ def main(argv=None) -> dict:
             children.append(Child("rollout", join, root))
             fill_start = time.perf_counter()
             rollout = children[-1]
-            wait_for(lambda: not rollout.alive, f"the rollout peer publishing {groups} groups", 900)
+            wait_until(lambda: not rollout.alive, f"the rollout peer publishing {groups} groups", 900, interval=0.5)
             if rollout.process.returncode != 0:
                 raise RuntimeError(f"the rollout peer failed: {rollout.tail(20)}")
             fill_seconds = time.perf_counter() - fill_start
             counter = join_swarm(NetworkConfig.loopback(info["initial_peers"]), run_id)
             try:  # the host's DHT node holds the (inline) entries now that their producer has left
                 store = DHTBucketStore(counter)
-                wait_for(lambda: store.count(0, 0) >= groups, f"{groups} groups in the bucket", 60, children[:1])
-                read = [f.group for f in store.fetch(0, 0) if f.group is not None]
+                wait_until(
+                    lambda: store.count(0, 0) >= groups, f"{groups} groups in the bucket", 60, processes(children[:1])
+                )
+                fetched = [f for f in store.fetch(0, 0) if f.group is not None]
+                read, producers = [f.group for f in fetched], {f.owner for f in fetched}
             finally:
                 counter.shutdown()
             # a group whose rewards are all equal never takes an update's slot: the learner makes a version per 16
@@ -130,6 +126,10 @@ def main(argv=None) -> dict:
                 max_versions=versions,
             )
             learner = RecordingLearner(config).start()  # its fetcher starts reading the buckets now
+            from peer.roles.learner.intake import PROBATION
+
+            for owner in producers:  # a run's steady state: the producer is proven (probation is for newcomers,
+                learner.intake.prove(owner, PROBATION)  # and its groups pass it in the run loop, after this)
             s = learner.session
             params = lora_parameters(s.model)
             v0 = [p.detach().clone() for p in params]

@@ -135,7 +135,7 @@ class Swarm:
     def sample(self, made: list, model) -> list:
         import torch
 
-        from peer.model.sampling import sample_groups
+        from peer.model.sampling import sample_run
         from peer.protocol import Completion, GroupRecord, encode_tokens
         from peer.run.spec import prompt_seed
         from tests.helpers.poison import teacher_forced
@@ -145,15 +145,9 @@ class Swarm:
         s, tok = self.spec.sampling, self.tokenizer
         examples = [self.spec.example(owner, seq) for owner, seq, _ in made]
         with torch.no_grad():
-            batch = sample_groups(
-                model,
-                tok,
-                [e.prompt for e in examples],
-                group_size=s.group_size,
-                max_new_tokens=s.max_new_tokens,
-                temperature=s.temperature,
-                device=torch.device("cpu"),
-                generator=self.generator,
+            prompts = [e.prompt for e in examples]
+            batch = sample_run(
+                model, tok, prompts, s, self.spec.prompt, device=torch.device("cpu"), generator=self.generator
             )
         texts = batch.texts(tok)
         ids, cmask, logps = batch.completion_ids.tolist(), batch.completion_mask.tolist(), batch.logprobs.tolist()

@@ -74,22 +74,15 @@ def sampler_round(peer, prompts: list[str], seconds: float) -> tuple[int, float]
     ``RolloutPeer.run`` uses) with nothing else: the machinery's cost alone, whatever generate() costs."""
     import torch
 
-    from peer.model.sampling import sample_groups
+    from peer.model.sampling import sample_run
 
     s = peer.spec.sampling
     generator = torch.Generator(device=peer.device)
     rows, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         generator.manual_seed(rows)
-        batch = sample_groups(
-            peer.model,
-            peer.tokenizer,
-            prompts,
-            group_size=s.group_size,
-            max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature,
-            device=peer.device,
-            generator=generator,
+        batch = sample_run(
+            peer.model, peer.tokenizer, prompts, s, peer.spec.prompt, device=peer.device, generator=generator
         )
         rows += batch.completion_ids.shape[0]
     return rows, time.perf_counter() - start

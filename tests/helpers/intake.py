@@ -33,20 +33,14 @@ def sample_scored(model, tokenizer, spec, owner: bytes, seqs, seed: int, device=
     settings, a generator seeded with ``seed``) and score every completion: ``(batch, rewards)``."""
     import torch
 
-    from peer.model.sampling import sample_groups
+    from peer.model.sampling import sample_run
 
     device = device or torch.device("cpu")
     s = spec.sampling
     examples = [spec.example(owner, seq) for seq in seqs]
-    batch = sample_groups(
-        model,
-        tokenizer,
-        [e.prompt for e in examples],
-        group_size=s.group_size,
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature,
-        device=device,
-        generator=torch.Generator(device=device).manual_seed(seed),
+    generator = torch.Generator(device=device).manual_seed(seed)
+    batch = sample_run(
+        model, tokenizer, [e.prompt for e in examples], s, spec.prompt, device=device, generator=generator
     )
     texts = batch.texts(tokenizer)
     return batch, [spec.task.reward(text, examples[i // s.group_size]) for i, text in enumerate(texts)]

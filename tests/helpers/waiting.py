@@ -43,6 +43,16 @@ def wait_until(
         time.sleep(interval)
 
 
+def children(swarm_children: Iterable) -> list:
+    """The processes of local-swarm children (:class:`peer.demo.swarm.Child`), each with its log named, to pass as
+    ``watched_processes``: a benchmark's swarm waits as a test's processes do."""
+    out = []
+    for child in swarm_children:
+        child.process.log_path = child.log
+        out.append(child.process)
+    return out
+
+
 def _message(what: str, waited: float, value, why: str, dead: list) -> str:
     lines = [f"waited {waited:.1f} s for {what}: {why}; the condition last gave {_short(value)}"]
     for p in dead:

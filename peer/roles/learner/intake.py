@@ -19,14 +19,13 @@ with an in-memory bucket store. For each entry, in order:
    that never go back, so a group inside the window whose seq is at or below the floor was re-tagged — a replay;
    one outside it is stale anyway. The memory of seqs is so bounded by the window, not by the run's length;
 4. a group more than ``tau_max`` versions behind is dropped as stale;
-5. :func:`~peer.roles.learner.verify.check_group` (shape, vocabulary, adapter version + sha256, the prompt re-derived
-from
-   the signer's seed and seq, every reward recomputed): a refusal bans the signer — except an adapter version this
-   learner does not know, refused as ``unknown_version`` (it may come from before a restart), and a version whose
-   sha256 is not this lineage's, refused as ``lineage`` (made under a version of a learner that lost the lead):
-   both forgiven — until a signer has more of them in a row (no verified group in between) than
-   ``STRIKE_UPDATES`` updates' worth of the staleness window: an honest peer follows the lineage within a few
-   batches, one that keeps sending such groups floods the learner and is banned;
+5. :func:`~peer.roles.learner.verify.check_group` (shape, vocabulary, adapter version + sha256, the prompt
+   re-derived from the signer's seed and seq, every reward recomputed): a refusal bans the signer — except an
+   adapter version this learner does not know, refused as ``unknown_version`` (it may come from before a restart),
+   and a version whose sha256 is not this lineage's, refused as ``lineage`` (made under a version of a learner
+   that lost the lead): both forgiven — until a signer has more of them in a row (no verified group in between)
+   than ``STRIKE_UPDATES`` updates' worth of the staleness window: an honest peer follows the lineage within a
+   few batches, one that keeps sending such groups floods the learner and is banned;
 6. a group whose rewards are all equal carries no advantage (GRPO's signal is the spread within a group): it
    is counted (``no_signal``; :meth:`Intake.no_signal_share` for status) and never takes one of an update's
    slots, which go to groups that teach something (DAPO's and INTELLECT-2's online filtering). Its rewards were
@@ -306,10 +305,12 @@ class Intake:
         if refused is not None:
             self._refuse(accepted.owner, refused)
         elif accepted.owner not in self.banned:
-            self._prove(accepted.owner)
+            self.prove(accepted.owner)
             self._admit(accepted)
 
-    def _prove(self, owner: bytes, n: int = 1) -> None:
+    def prove(self, owner: bytes, n: int = 1) -> None:
+        """Count ``n`` of ``owner``'s groups as verified (a check passed, an update took it, a checkpoint says so):
+        ``PROBATION`` of them end its probation."""
         if self.proven.get(owner, 0) < PROBATION:
             self.proven[owner] = min(PROBATION, self.proven.get(owner, 0) + n)
 
@@ -452,7 +453,7 @@ class Intake:
                     break
         for a in chosen:
             self.used[a.owner][a.group.seq] = a.group.version
-            self._prove(a.owner)
+            self.prove(a.owner)
         taken = {id(a) for a in chosen}
         for owner in list(self.pool):
             self.pool[owner] = [a for a in self.pool[owner] if id(a) not in taken]
@@ -474,7 +475,7 @@ class Intake:
             used = {int(s): int(v) for s, v in pairs}
             self.used[bytes.fromhex(owner)].update(used)
             self.seqs[bytes.fromhex(owner)].update(used)
-            self._prove(bytes.fromhex(owner), len(used))  # groups updates took: out of probation again
+            self.prove(bytes.fromhex(owner), len(used))  # groups updates took: out of probation again
 
     # --- internals -------------------------------------------------------------------------------------------------
 

@@ -16,8 +16,7 @@ Every accepted group is in exactly one update (``--ledger`` writes, per version,
 optimizer state, version, bans, the seqs updates used) are written every ``checkpoint_every`` versions, atomically.
 
 Several learners on one run make one lineage (:mod:`peer.roles.learner.team.member`): the one that leads does all of
-the
-above, computing each update's gradient in shares with the others; they apply every step it makes and go on from
+the above, computing each update's gradient in shares with the others; they apply every step it makes and go on from
 it if it dies (docs/learner.md, "Several learners").
 
 Every learner also keeps the contributors' credit over the whole run (:mod:`peer.run.credit`): in its checkpoints

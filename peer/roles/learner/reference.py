@@ -22,7 +22,7 @@ from peer.model.adapter import adapter_to_bytes, attach_lora, lora_parameters, s
 from peer.model.config import LoRAConfig, ModelConfig
 from peer.model.evaluate import exact_match
 from peer.model.loading import load_base
-from peer.model.sampling import sample_groups
+from peer.model.sampling import sample_run
 from peer.roles.learner.update import Batch, MicroBatcher, apply_gradient, enable_gradient_checkpointing
 from peer.tasks import derive_seed, get_task
 
@@ -81,16 +81,8 @@ def grpo_step(
     memory)."""
     s = config.sampling
     model.eval()
-    batch = sample_groups(
-        model,
-        tokenizer,
-        [e.prompt for e in examples],
-        group_size=s.group_size,
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature,
-        device=device,
-        generator=generator,
-        prompt=config.prompt,
+    batch = sample_run(
+        model, tokenizer, [e.prompt for e in examples], s, config.prompt, device=device, generator=generator
     )
     texts = batch.texts(tokenizer, config.prompt.stop)
     rewards = torch.tensor(

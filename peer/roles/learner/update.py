@@ -2,8 +2,7 @@
 
 A learner alone runs :func:`learn_step` (= :func:`share_gradient` over the whole batch + :func:`apply_gradient`).
 A team of learners (:mod:`peer.roles.learner.team.lead`) splits the update's groups into shares, one per learner: each
-computes
-:func:`share_gradient` of its share's token-mean loss, and the leader combines them weighted by token count
+computes :func:`share_gradient` of its share's token-mean loss, and the leader combines them weighted by token count
 (:func:`combine`) — the gradient of the token-mean loss over all the groups, the same update one learner would make
 — then clips and steps (:func:`apply_gradient`). The clipped gradient goes to every learner, whose identical AdamW
 then makes the identical adapter. A share's weight is :func:`signal_tokens` of its groups, which the leader computes
