@@ -50,6 +50,22 @@ class HostConfig:
     learners: int = 1  # learn lines printed, each with its own credential (a credential admits one key)
 
 
+def rejoin_addresses(status: dict, me: str) -> list[str]:
+    """What a restarted host rejoins through, from a status reading: the addresses of live admitted learners
+    (status lists no other learner) other than ``me``, and only those that name their own peer id — a stranger's
+    heartbeat cannot point the host at a swarm of its own. At most ``KNOWN_PEERS``."""
+    from peer.status import LIVE
+
+    maddrs = [
+        m
+        for p in status["peers"]
+        if p["role"] == "learner" and p["peer_id"] != me and p["state"] in LIVE
+        for m in p["maddrs"]
+        if m.endswith(f"/p2p/{p['peer_id']}")
+    ]
+    return maddrs[:KNOWN_PEERS]
+
+
 def adapter_v0(folder: Path, settings: RunSettings) -> bytes:
     """Adapter version 0: the LoRA initialisation of the run's config on its base, as bytes."""
     import torch
@@ -254,21 +270,12 @@ class Host:
         return tuple(m for m in found if isinstance(m, str))[:KNOWN_PEERS] if isinstance(found, list) else ()
 
     def _read_status(self) -> dict:
-        from peer.status import LIVE, read_status
+        from peer.status import read_status
 
         status = self.credit.update(read_status(self.swarm, self.fingerprint))
-        me = str(self.swarm.peer_id)
-        # a restart rejoins through these: only admitted learners (status lists no other learner), and only the
-        # addresses that name their own peer id — a stranger's heartbeat cannot point the host at its own swarm
-        maddrs = [
-            m
-            for p in status["peers"]
-            if p["role"] == "learner" and p["peer_id"] != me and p["state"] in LIVE
-            for m in p["maddrs"]
-            if m.endswith(f"/p2p/{p['peer_id']}")
-        ]
+        maddrs = rejoin_addresses(status, str(self.swarm.peer_id))
         if maddrs:
-            self._save_known(maddrs[:KNOWN_PEERS])
+            self._save_known(maddrs)
         return status
 
     def _save_known(self, maddrs: list[str]) -> None:
