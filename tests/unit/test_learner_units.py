@@ -643,6 +643,33 @@ def test_a_flood_100_times_the_honest_rate_stays_under_the_cap_and_in_bounded_me
     remembered = 100 * (tau_max + 1 + FORGET_MARGIN + FORGET_EVERY)
     assert max(seqs for _, seqs in sizes) <= remembered, "the seqs remembered grow with the run"
     assert sizes[-1][1] <= remembered and it.floor[A] > 0
+    # what updates used is bounded by the window too (checkpoints and team states carry it), its floor kept
+    window = tau_max + 1 + FORGET_MARGIN + FORGET_EVERY
+    assert len(it.used[A]) <= 3 * window + 1 and len(it.used[B]) <= 3 * window + 1, (len(it.used[A]), len(it.used[B]))
+    restored = intake(setup, batch=4)
+    restored.restore(it.state())
+    restored.forget_window(versions + FORGET_EVERY)
+    old_seq = min(it.used[A])  # the highest of those forgotten, kept as the floor's carrier
+    assert restored.floor[A] >= old_seq
+    restored.known[versions] = it.known[versions - 1]
+    replayed = _made_up(setup, A, old_seq - 1, versions, it.known[versions - 1])  # a used seq re-tagged as new
+    assert restored.add(entry(A, replayed), versions).reason == "replay", "a restored intake still knows the floor"
+
+
+def test_a_restored_intake_knows_the_floor_of_a_signer_whose_used_groups_all_left_the_window(setup):
+    it = intake(setup, batch=4)
+    for g in setup.groups[A][:4]:  # seqs 0..3 with v0, all used by one update
+        assert it.add(entry(A, g), 0) is None
+    assert len(it.take(0)) == 4
+    it.forget(10)  # far past v0: of what updates used, only the highest seq stays
+    assert it.used[A] == {3: 0}
+    restored = intake(setup, batch=4)
+    restored.restore(it.state())  # a restart from a checkpoint, or a helper taking the team's state
+    restored.forget(10)
+    assert restored.floor[A] == 3
+    restored.known[19] = SHA1
+    replayed = changed(setup.groups[A][1], version=19, adapter_sha256=SHA1)  # seq 1 re-tagged as new
+    assert restored.add(entry(A, replayed), 20).reason == "replay" and A in restored.banned
 
 
 def test_a_replay_of_a_seq_long_forgotten_still_bans_and_an_old_entry_read_again_does_not(setup):

@@ -369,18 +369,30 @@ class Intake:
             self.counts["dropped_stale"] += len(groups) - len(kept)
             self._credit(owner, "stale", len(groups) - len(kept))
             groups[:] = kept
+        self.forget_window(version)
+
+    def forget_window(self, version: int) -> None:
+        """The lineage is at ``version``: every ``FORGET_EVERY`` versions, :meth:`forget` what left the window (a
+        helper, which takes nothing, calls this as it applies the leader's steps)."""
         if version >= self._forgotten_at + FORGET_EVERY:
             self._forgotten_at = version
-            self.forget(oldest - FORGET_MARGIN)
+            self.forget(version - self.spec.staleness.tau_max - FORGET_MARGIN)
 
     def forget(self, before: int) -> None:
-        """Forget the seqs of versions older than ``before``, keeping each signer's highest as its floor."""
+        """Forget the seqs of versions older than ``before``, keeping each signer's highest as its floor; and the
+        used ones but each signer's highest (a checkpoint or team state still carries its floor: :meth:`restore`
+        puts it back among the seqs, the next forget makes it the floor). What updates used is then bounded by the
+        window, not by the run's length: checkpoints and team states no longer grow with every group."""
         for owner, seqs in self.seqs.items():
             old = [s for s, v in seqs.items() if v < before]
             if old:
                 self.floor[owner] = max(self.floor.get(owner, -1), *old)
                 for s in old:
                     del seqs[s]
+        for used in self.used.values():
+            old = sorted(s for s, v in used.items() if v < before)
+            for s in old[:-1]:  # the highest stays: it is the floor a restored intake knows
+                del used[s]
 
     def contributing(self, version: int) -> list[bytes]:
         """Signers with a group with signal pooled in the staleness window in the last ``recent`` seconds."""

@@ -408,6 +408,7 @@ class Teamwork:
             sha = step["sha"]
         delta = {"used": step["intake"]["used"], "banned": {}}  # the leader's bans are reports here, not this one's
         self.peer.intake.restore(delta)
+        self.peer.intake.forget_window(step["version"])  # a helper takes nothing: it forgets as the leader steps
         self._report_bans(step["intake"]["banned"])
         self.counts["steps"] += 1
         line = dict(step["record"], applied_seconds=round(time.perf_counter() - t0, 4))
