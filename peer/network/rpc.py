@@ -113,15 +113,25 @@ async def _linger(reader: asyncio.StreamReader, timeout: float = 5.0) -> None:
         await asyncio.wait_for(until_closed(), timeout)
 
 
-async def call(p2p: P2P, peer: PeerID, protocol: str, request: dict, *, timeout: float, limit: int) -> dict:
-    """Send ``request`` to ``peer``'s handler of ``protocol`` and return its answer (all within ``timeout``)."""
+async def call(
+    p2p: P2P,
+    peer: PeerID,
+    protocol: str,
+    request: dict,
+    *,
+    timeout: float,
+    limit: int,
+    max_containers: int | None = None,
+) -> dict:
+    """Send ``request`` to ``peer``'s handler of ``protocol`` and return its answer (all within ``timeout``); the
+    answer is bounded by ``limit`` bytes and ``max_containers`` maps and arrays as a request is (module docstring)."""
 
     async def exchange() -> dict:
         _, reader, writer = await p2p.call_binary_stream_handler(peer, protocol)
         try:
             write_message(writer, request)
             await writer.drain()
-            answer = await read_message(reader, limit)
+            answer = await read_message(reader, limit, max_containers)
         finally:
             writer.close()
         if "error" in answer:

@@ -125,6 +125,9 @@ def test_two_learners_started_at_once_settle_on_one_leader_and_one_lineage(tmp_p
     from peer.network.heartbeat import live_peers
 
     host, info = start_host(procs, tmp_path, "team2", "--groups-per-version", "4", "--learners", "2")
+    credentials = info["learner_credentials"]
+    assert len(set(credentials)) == 2 and credentials[0] == info["learner_credential"], "a credential per learner"
+    assert [c in line for c, line in zip(credentials, info["learn_commands"], strict=True)] == [True, True]
     rollout = procs.start("rollout", "join", *join_args(info), "--cache-dir", str(tmp_path / "r"), "--batch-size", "4")
     ledgers = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
     learners = [

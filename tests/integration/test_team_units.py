@@ -208,6 +208,27 @@ def test_unpacking_is_bounded_by_the_messages_own_size_and_its_container_budget(
         rpc.unpack_message(msgpack.packb({1: 2}))
 
 
+def test_an_answer_is_read_within_the_runs_container_budget_which_the_largest_honest_state_fits():
+    from peer.roles.learner.intake import FORGET_EVERY, FORGET_MARGIN
+
+    batch, tau_max = 16, 4
+    remembered = tau_max + 1 + FORGET_MARGIN + FORGET_EVERY
+    budget = messages.answer_containers(batch, remembered)
+    # the largest state such a run holds: every signer the schema allows with its floor entry, and a window of
+    # updates' used pairs spread over them
+    used = {i.to_bytes(4, "big").hex(): [[i, 0]] for i in range(messages.MAX_SIGNERS)}
+    for n in range(remembered * batch):
+        used[(n % batch).to_bytes(4, "big").hex()].append([10**6 + n, 100 + n // batch])
+    honest = msgpack.packb({"state": state(intake={"used": used, "banned": {}}), "members": [LEADER]})
+    assert len(honest) < messages.MAX_ANSWER
+    parsed = messages.parse_work_answer(rpc.unpack_message(honest, max_containers=budget))
+    assert len(parsed["state"]["intake"]["used"]) == messages.MAX_SIGNERS
+    inflating = msgpack.packb({"steps": [[]] * (budget + 1)})  # a leader's answer of empty arrays
+    with pytest.raises(ProtocolError, match=f"more than {budget} maps and arrays"):
+        rpc.unpack_message(inflating, max_containers=budget)
+    assert budget < 300_000 < messages.MAX_ANSWER_CONTAINERS < 9_000_000, (budget, messages.MAX_ANSWER_CONTAINERS)
+
+
 class _Admitted:
     def __init__(self, peers: set[str]):
         self.peers = peers
@@ -276,7 +297,11 @@ def test_over_p2p_a_strangers_request_is_not_read_and_an_oversized_or_malformed_
     handled = []
     handle = lead.handle
 
+    inflated = {"steps": [[]] * 1000}  # an answer of empty arrays, as a rogue leader's would be
+
     async def recording(peer_id, request):
+        if request.get("op") == "inflate":
+            return inflated
         handled.append(request.get("op"))
         return await handle(peer_id, request)
 
@@ -294,6 +319,9 @@ def test_over_p2p_a_strangers_request_is_not_read_and_an_oversized_or_malformed_
     with pytest.raises(rpc.RemoteError, match="bad request: malformed work request: version"):
         client._call(leader, {"op": "work", "version": "3", "sha": SHA0})
     assert handled == ["probe", "work"], "the oversized and the inflating requests never reached the handler"
+    with pytest.raises(ProtocolError, match="more than 100 maps and arrays"):
+        team.TeamClient(caller, None, max_containers=100)._call(leader, {"op": "inflate"})
+    assert len(team.TeamClient(caller, None)._call(leader, {"op": "inflate"})["steps"]) == 1000, "within the default"
 
     admitted.peers.clear()  # the caller is a stranger now
     reads = len(server_reads)

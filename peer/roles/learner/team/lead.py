@@ -30,7 +30,8 @@ them leads now (this leader was frozen, or cut off), it follows that one.
   is in the request, so it is checked after reading — but only an admitted learner's request is read at all;
 * *how much*: a request is at most :func:`request_limit` bytes — the largest request is a result, whose gradient
   is the size of the LoRA tensors — and at most ``REQUEST_CONTAINERS`` maps and arrays; answers (a state, steps)
-  may be up to ``MAX_ANSWER`` bytes, and come only from the leader the helper chose, an admitted learner;
+  may be up to ``MAX_ANSWER`` bytes and the run's :func:`~.messages.answer_containers` maps and arrays, and come
+  only from the leader the helper chose, an admitted learner;
 * *what*: every request and answer is checked by a strict, bounded schema (:mod:`peer.roles.learner.team.messages`)
   before it is used; tensors travel as safetensors and the AdamW state as step counts + safetensors moments,
   loaded into this learner's own hyper-parameters (:func:`peer.roles.learner.update.optimizer_state_from_wire`), never
@@ -267,16 +268,21 @@ class Lead:
 class TeamClient:
     """The helper's side: blocking calls to other learners through the blob service's event loop."""
 
-    def __init__(self, blobs, invite: str | None):
+    def __init__(self, blobs, invite: str | None, max_containers: int = messages.MAX_ANSWER_CONTAINERS):
+        """``max_containers``: the maps and arrays an answer may hold (:func:`~.messages.answer_containers` of the
+        run; by default the widest run's)."""
         self.blobs = blobs
         self.invite = invite
+        self.max_containers = max_containers
 
     def _call(self, peer: str, request: dict, timeout: float = CALL_TIMEOUT) -> dict:
         request = {**request, "invite": self.invite}
         target = PeerID.from_base58(peer)
 
         async def go(p2p):
-            return await rpc.call(p2p, target, PROTOCOL, request, timeout=timeout, limit=MAX_ANSWER)
+            return await rpc.call(
+                p2p, target, PROTOCOL, request, timeout=timeout, limit=MAX_ANSWER, max_containers=self.max_containers
+            )
 
         return self.blobs.run_coroutine(go, timeout + 5)
 

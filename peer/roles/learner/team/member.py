@@ -24,9 +24,10 @@ from peer.model.adapter import adapter_to_bytes, load_adapter_bytes, lora_parame
 from peer.network.rpc import ProtocolError
 from peer.protocol import GroupRecord, pack, unpack
 from peer.protocol.limits import MAX_BANNED
-from peer.roles.learner.intake import Accepted
+from peer.roles.learner.intake import FORGET_EVERY, FORGET_MARGIN, Accepted
 from peer.roles.learner.record import VersionRecord
 from peer.roles.learner.team import lead as team
+from peer.roles.learner.team import messages
 from peer.roles.learner.update import (
     Share,
     apply_gradient,
@@ -78,7 +79,9 @@ class Teamwork:
         self.me = str(s.swarm.peer_id)
         gradient_bytes = sum(p.numel() * p.element_size() for p in lora_parameters(s.model))
         self.lead = team.Lead(self.me, s.swarm.access, s.admitted, gradient_bytes)
-        self.client = team.TeamClient(s.blobs, s.blobs.invite)
+        remembered = s.spec.staleness.tau_max + 1 + FORGET_MARGIN + FORGET_EVERY  # the versions ``used`` keeps
+        budget = messages.answer_containers(s.spec.groups_per_version, remembered)
+        self.client = team.TeamClient(s.blobs, s.blobs.invite, budget)
         team.serve(s.blobs, self.lead)
         closers.add(lambda: team.unserve(s.blobs, self.lead))
         leader = self.find_leader()

@@ -35,6 +35,25 @@ MAX_RECORD_ITEMS = 1 << 18  # values in one step's ledger record (its group ids,
 MAX_RECORD_DEPTH = 4
 MAX_RECORD_CHARS = 4096  # one string in a ledger record
 
+MAX_TAU = 1024  # a run's tau_max is at most this (peer.grpo.StalenessConfig)
+
+
+def answer_containers(batch: int, remembered: int) -> int:
+    """The maps and arrays an answer to a helper may hold, in a run of ``batch`` groups per version whose intake
+    remembers used seqs for ``remembered`` versions (the staleness window and its margins): msgpack unpacks a message
+    within this budget (:mod:`peer.network.rpc`), so a leader's 64 MiB answer of empty arrays — ~38x that in Python
+    objects — is refused as it is read. The largest honest answer is a state, whose ``used`` holds one pair per
+    group of the remembered versions' updates plus, per signer, a list and its floor entry; a steps answer holds
+    ``KEEP_STEPS`` steps of ``batch`` pairs each; a task ``MAX_TASK_GROUPS`` groups. Twice the largest, and slack."""
+    state = remembered * batch + 2 * MAX_SIGNERS + MAX_PARAMETERS + 64
+    steps = KEEP_STEPS * (2 * batch + 64)
+    task = 2 * MAX_TASK_GROUPS + 64
+    return 2 * max(state, steps, task) + 4096
+
+
+MAX_ANSWER_CONTAINERS = answer_containers(MAX_TASK_GROUPS, MAX_TAU + 16)  # the widest run's
+
+
 Count = pydantic.conint(strict=True, ge=0, le=MAX_INT)
 Finite = pydantic.confloat(strict=True, allow_inf_nan=False)
 Sha256 = pydantic.constr(strict=True, regex=r"[0-9a-f]{64}\Z")
@@ -302,10 +321,12 @@ def parse_result_answer(obj: dict) -> dict:
 __all__ = [
     "KEEP_STEPS",
     "MAX_ANSWER",
+    "MAX_ANSWER_CONTAINERS",
     "MAX_MEMBERS",
     "Probe",
     "Result",
     "Work",
+    "answer_containers",
     "parse_probe_answer",
     "parse_request",
     "parse_result_answer",
