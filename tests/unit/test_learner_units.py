@@ -656,6 +656,28 @@ def test_a_flood_100_times_the_honest_rate_stays_under_the_cap_and_in_bounded_me
     assert restored.add(entry(A, replayed), versions).reason == "replay", "a restored intake still knows the floor"
 
 
+def test_a_flood_of_fresh_keys_keeps_the_intakes_per_signer_memory_bounded(setup):
+    """10,000 keys, each with one unreadable and one unavailable entry (a strike, a refusal and a mute each) and a
+    stale one: what the intake keeps per signer stays within its caps, and an honest signer is judged as before."""
+    from peer.roles.learner.intake import MAX_SIGNER_STATE
+
+    it = intake(setup)
+    keys = [b"fresh-key-%05d" % i for i in range(10_000)]
+    for i, key in enumerate(keys):
+        assert it.add(Fetched(key, 0, 1, None, "cut short"), 0).reason == "schema"
+        assert it.add(Fetched(key, 0, 2, None, "group blob unavailable", True), 0).reason == "unavailable"
+        assert it.add(entry(key, changed(setup.groups[A][i % 4], seq=3)), 40) == "stale"
+    it.forget_window(40)
+    sizes = {
+        "rejected_by": len(it.rejected_by), "strikes": len(it.strikes), "muted": len(it.muted), "seqs": len(it.seqs),
+    }  # fmt: skip
+    assert max(sizes.values()) <= MAX_SIGNER_STATE, sizes
+    assert keys[-1] in it.muted and it.rejected_by[keys[-1]] == 2, "the newest are the ones kept"
+    assert it.rejected_by[keys[0]] == 0, "a forgotten signer's count reads as 0"
+    assert len(it.floor) == len(keys), "a floor each (within MAX_FLOORS): the stale entries' seqs"
+    assert it.add(entry(A, setup.groups[A][0]), 0) is None, "the honest signer's group is taken as before"
+
+
 def test_a_restored_intake_knows_the_floor_of_a_signer_whose_used_groups_all_left_the_window(setup):
     it = intake(setup, batch=4)
     for g in setup.groups[A][:4]:  # seqs 0..3 with v0, all used by one update

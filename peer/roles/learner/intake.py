@@ -106,6 +106,27 @@ PROBATION_BUDGET = 2  # x batch: groups of all signers on probation checked per 
 FORGET_MARGIN = 2  # versions beyond the window whose seqs are still remembered one by one
 FORGET_EVERY = 8  # versions between two passes that forget old seqs
 RECENT_SIGNAL = 512  # verified groups over which the share without signal is reported
+MAX_SIGNER_STATE = 4096  # signers whose refusals, strikes and mutes are kept (the most recent): keys are free
+MAX_FLOORS = 1 << 15  # signers whose floor (and used seqs, in checkpoints and team states) are kept, the most recent
+
+
+class RecentCounts(OrderedDict):
+    """Signer -> count, for the ``cap`` signers counted most recently: a count a flood of fresh keys cannot grow
+    without bound (each key's first refusal would otherwise add an entry for good). Reads of others give 0."""
+
+    def __init__(self, cap: int = MAX_SIGNER_STATE):
+        super().__init__()
+        self.cap = cap
+
+    def __missing__(self, key) -> int:
+        return 0
+
+    def add(self, key, n: int = 1) -> int:
+        self[key] = self.get(key, 0) + n
+        self.move_to_end(key)
+        while len(self) > self.cap:
+            self.popitem(last=False)
+        return self[key]
 
 
 def carries_signal(rewards) -> bool:
@@ -160,7 +181,8 @@ class Intake:
         # tokens in updates and the count sampling would give (the MAX_WRITTEN most recently used signers)
         self.bans_made = 0  # bans ever made here (or restored): ``banned`` keeps their order, forgetting the oldest
         self.seqs: dict[bytes, dict[int, int]] = defaultdict(dict)  # signer -> seq -> version (recent versions)
-        self.floor: dict[bytes, int] = {}  # signer -> the highest seq forgotten (its version left the window)
+        self.floor: OrderedDict[bytes, int] = OrderedDict()  # signer -> the highest seq forgotten (its version left
+        # the window), the MAX_FLOORS most recently forgotten
         self.used: dict[bytes, dict[int, int]] = defaultdict(dict)  # the same, of groups an update took
         self.pool: dict[bytes, list[Accepted]] = defaultdict(list)
         self.tokens: dict[bytes, int] = {}  # signer -> groups it may give to the next update, when below the most
@@ -173,9 +195,10 @@ class Intake:
         self.pending_since = 0.0  # clock() when the oldest group now waiting for a check was drawn
         self.counts: Counter = Counter()  # ignored_banned, dropped_stale, checked, admitted
         self.rejected: Counter = Counter()  # reason -> groups
-        self.rejected_by: Counter = Counter()  # signer -> groups refused
-        self.strikes: Counter = Counter()  # signer -> STRIKES refusals since its last verified group
-        self.muted: dict[bytes, tuple[float, float]] = {}  # signer -> (clock() its mute ends, how long it lasted)
+        self.rejected_by = RecentCounts()  # signer -> groups refused (the MAX_SIGNER_STATE most recent)
+        self.strikes = RecentCounts()  # signer -> STRIKES refusals since its last verified group
+        self.muted: OrderedDict[bytes, tuple[float, float]] = OrderedDict()  # signer -> (clock() its mute ends, how
+        # long it lasted), the MAX_SIGNER_STATE most recently muted
         self.skipped = Skipped(self)  # signers whose entries are not read now: banned or muted (a live view)
         self.newcomers = Newcomers(self)  # signers on probation (a live view)
         self._forgotten_at = 0  # the learner's version at the last forget()
@@ -364,11 +387,13 @@ class Intake:
 
     def drop_stale(self, version: int) -> None:
         oldest = version - self.spec.staleness.tau_max
-        for owner, groups in self.pool.items():
+        for owner, groups in list(self.pool.items()):
             kept = [a for a in groups if a.group.version >= oldest]
             self.counts["dropped_stale"] += len(groups) - len(kept)
             self._credit(owner, "stale", len(groups) - len(kept))
             groups[:] = kept
+            if not kept:
+                del self.pool[owner]
         self.forget_window(version)
 
     def forget_window(self, version: int) -> None:
@@ -383,16 +408,27 @@ class Intake:
         used ones but each signer's highest (a checkpoint or team state still carries its floor: :meth:`restore`
         puts it back among the seqs, the next forget makes it the floor). What updates used is then bounded by the
         window, not by the run's length: checkpoints and team states no longer grow with every group."""
-        for owner, seqs in self.seqs.items():
+        for owner, seqs in list(self.seqs.items()):
             old = [s for s, v in seqs.items() if v < before]
             if old:
                 self.floor[owner] = max(self.floor.get(owner, -1), *old)
+                self.floor.move_to_end(owner)
                 for s in old:
                     del seqs[s]
+            if not seqs:
+                del self.seqs[owner]  # its floor says what it needs to
+        while len(self.floor) > MAX_FLOORS:
+            self.floor.popitem(last=False)
         for used in self.used.values():
             old = sorted(s for s, v in used.items() if v < before)
             for s in old[:-1]:  # the highest stays: it is the floor a restored intake knows
                 del used[s]
+        for owner in [o for o, v in self.last_verified.items() if v < before]:  # no longer contributing
+            del self.last_verified[owner], self.last_arrival[owner]
+        if len(self.used) > MAX_FLOORS:  # the signers whose newest used group is the oldest go first
+            newest = sorted(self.used, key=lambda owner: max(self.used[owner].values(), default=-1))
+            for owner in newest[: len(self.used) - MAX_FLOORS]:
+                del self.used[owner]
 
     def contributing(self, version: int) -> list[bytes]:
         """Signers with a group with signal pooled in the staleness window in the last ``recent`` seconds."""
@@ -497,14 +533,13 @@ class Intake:
 
     def _refuse(self, owner: bytes, refused: Refused) -> Refused:
         self.rejected[refused.reason] += 1
-        self.rejected_by[owner] += 1
+        self.rejected_by.add(owner)
         self._credit(owner, refused.reason)
         if refused.reason not in FORGIVEN:
             self.ban(owner, str(refused))
         elif refused.reason in STRIKES:
-            self.strikes[owner] += 1
             limit = STRIKE_UPDATES * self.batch * (self.spec.staleness.tau_max + 1)
-            if self.strikes[owner] > limit:
+            if self.strikes.add(owner) > limit:
                 what = "unreadable groups" if refused.reason == "schema" else "groups of versions not in this lineage"
                 self.ban(owner, f"{self.strikes[owner]} {what} in a row ({refused})")
         return refused
@@ -517,6 +552,9 @@ class Intake:
         if ends <= now:
             lasted = min(MUTE_MOST, 2 * lasted) if lasted else MUTE_FIRST
             self.muted[owner] = (now + lasted, lasted)
+            self.muted.move_to_end(owner)
+            while len(self.muted) > MAX_SIGNER_STATE:
+                self.muted.popitem(last=False)
             self.counts["muted"] += 1
         return self._refuse(owner, refused)
 
@@ -533,7 +571,7 @@ class Intake:
         if len(groups) > bound:
             groups.sort(key=lambda a: (a.group.version, a.group.seq))
             self.rejected["surplus"] += len(groups) - bound
-            self.rejected_by[accepted.owner] += len(groups) - bound
+            self.rejected_by.add(accepted.owner, len(groups) - bound)
             self._credit(accepted.owner, "surplus", len(groups) - bound)
             del groups[: len(groups) - bound]
         self.counts["admitted"] += 1
